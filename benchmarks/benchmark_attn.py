@@ -1,0 +1,883 @@
+#!/usr/bin/env python3
+"""Attention benchmark: flash_attn (ours) vs PyTorch SDPA backends vs naive attention.
+
+Run on a machine with an NVIDIA GPU (built for H100/H200, sm90):
+
+    python benchmarks/benchmark_attn.py --quick            # small smoke subset
+    python benchmarks/benchmark_attn.py                    # standard grid, bf16
+    python benchmarks/benchmark_attn.py --dtypes bf16,fp16 --check
+    python benchmarks/benchmark_attn.py --decode           # 1 query token vs long KV cache
+
+Standard grid (as in the FlashAttention papers): total tokens 16384 (batch = 16384 // seqlen),
+hidden 2048 (nheads = 2048 // headdim), headdim in {64, 128, 256},
+seqlen in {512, ..., 16384}, causal off/on.
+
+FLOPs: forward = 4 * batch * nheads * seqlen_q * seqlen_k * headdim, halved when causal;
+backward = 2.5 x forward; forward+backward = 3.5 x forward.
+
+Timing: median of triton.testing.do_bench (which flushes L2 before every timed call), or of
+CUDA events with an explicit L2 flush when triton is missing; several input sets are rotated
+when one set is smaller than ~3x L2. Backward is timed as torch.autograd.grad on a graph built
+outside the timed region (retain_graph=True); nothing is subtracted.
+
+Outputs (in --out, default bench_out/): attn.csv, attn.json, attn_tflops.png
+(decode mode: decode.csv, decode.json, decode_bw.png). A printed table, the ours/flash
+ratio summary and the peak extra memory of forward+backward (ours vs naive) go to stdout.
+
+Every backend failure is caught, printed once and recorded as 'n/a'; only a sticky CUDA
+error (the context is unusable afterwards) stops the run, after saving partial results.
+"""
+
+import argparse
+import contextlib
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import traceback
+
+ALL_BACKENDS = ["ours", "flash", "cudnn", "efficient", "naive"]
+SDPA_BACKEND_NAMES = {
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+DEFAULT_SEQLENS = [512, 1024, 2048, 4096, 8192, 16384]
+DEFAULT_HEADDIMS = [64, 128, 256]
+QUICK_SEQLENS = [2048, 8192]
+QUICK_HEADDIMS = [64, 128]
+# (batch, seqlen_k) for --decode; 32 query heads, 8 kv heads, headdim 128, bf16, seqlen_q 1.
+DECODE_CONFIGS = [(16, 4096), (16, 32768), (4, 131072)]
+DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEADDIM = 32, 8, 128
+PHASES = ["fwd", "bwd", "fwdbwd"]
+PHASE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+DEFAULT_L2_BYTES = 60 * 1024 * 1024  # H200; the device property is used when present
+# Only for testing this script itself on a machine without a GPU (tiny shapes, wall-clock
+# timings that mean nothing): FLASH_ATTN_BENCH_DEVICE=cpu.
+DEVICE = os.environ.get("FLASH_ATTN_BENCH_DEVICE", "cuda")
+ON_GPU = DEVICE == "cuda"
+
+
+def _sync(torch):
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def _empty_cache(torch):
+    if ON_GPU:
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------
+# Command line (no torch import here: --help works anywhere)
+# --------------------------------------------------------------------------------------
+def _int_list(s):
+    try:
+        return [int(x) for x in s.replace(";", ",").split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of integers, got %r" % s)
+
+
+def _str_list(choices):
+    def parse(s):
+        items = [x.strip().lower() for x in s.split(",") if x.strip()]
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                "unknown value(s) %s; choose from %s" % (bad or s, ",".join(choices)))
+        return items
+    return parse
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="Benchmark flash_attn (ours) against PyTorch SDPA backends "
+                    "(flash, cuDNN, memory-efficient) and naive attention. Needs a CUDA GPU.",
+        epilog="FLOPs: fwd = 4*batch*nheads*seqlen_q*seqlen_k*headdim (halved when causal), "
+               "bwd = 2.5x fwd, fwd+bwd = 3.5x fwd. Outputs: attn.csv, attn.json, attn_tflops.png "
+               "(decode: decode.csv, decode.json, decode_bw.png) in --out.")
+    p.add_argument("--out", default="bench_out",
+                   help="output directory for CSV/JSON/PNG (default: bench_out)")
+    p.add_argument("--seqlens", type=_int_list, default=None,
+                   help="comma-separated sequence lengths (default %s)" %
+                        ",".join(map(str, DEFAULT_SEQLENS)))
+    p.add_argument("--headdims", type=_int_list, default=None,
+                   help="comma-separated head dims (default %s)" %
+                        ",".join(map(str, DEFAULT_HEADDIMS)))
+    p.add_argument("--causal", choices=["0", "1", "both"], default="both",
+                   help="causal masking: off, on, or both (default: both)")
+    p.add_argument("--dtypes", type=_str_list(["bf16", "fp16"]), default=["bf16"],
+                   help="comma-separated dtypes: bf16,fp16 (default: bf16)")
+    p.add_argument("--backends", type=_str_list(ALL_BACKENDS), default=list(ALL_BACKENDS),
+                   help="comma-separated subset of %s (default: all)" % ",".join(ALL_BACKENDS))
+    p.add_argument("--quick", action="store_true",
+                   help="small subset for smoke tests: seqlen %s, headdim %s (unless given)" %
+                        (QUICK_SEQLENS, QUICK_HEADDIMS))
+    p.add_argument("--check", action="store_true",
+                   help="first check ours against SDPA math on one config; abort on mismatch")
+    p.add_argument("--decode", action="store_true",
+                   help="decode mode instead of the grid: 1 query token vs seqlen_k "
+                        "4k/32k/128k, bf16, d=128, 32 q heads / 8 kv heads; reports GB/s")
+    p.add_argument("--total-tokens", type=int, default=16384,
+                   help="batch = total_tokens // seqlen, at least 1 (default: 16384)")
+    p.add_argument("--hidden", type=int, default=2048,
+                   help="nheads = hidden // headdim (default: 2048)")
+    p.add_argument("--naive-max-gb", type=float, default=40.0,
+                   help="skip naive attention when its estimated memory exceeds this (default: 40)")
+    p.add_argument("--skip-memory", action="store_true",
+                   help="skip the peak-memory comparison (ours vs naive)")
+    p.add_argument("--warmup-ms", type=int, default=25,
+                   help="do_bench warm-up time per measurement (default: 25)")
+    p.add_argument("--rep-ms", type=int, default=100,
+                   help="do_bench repetition time per measurement (default: 100)")
+    args = p.parse_args(argv)
+    if args.seqlens is None:
+        args.seqlens = list(QUICK_SEQLENS if args.quick else DEFAULT_SEQLENS)
+    if args.headdims is None:
+        args.headdims = list(QUICK_HEADDIMS if args.quick else DEFAULT_HEADDIMS)
+    args.causals = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    for s in args.seqlens:
+        if s <= 0:
+            p.error("--seqlens must be positive")
+    for d in args.headdims:
+        if d <= 0 or args.hidden % d:
+            p.error("--headdims: %d does not divide --hidden %d" % (d, args.hidden))
+    return args
+
+
+# --------------------------------------------------------------------------------------
+# FLOPs and shapes
+# --------------------------------------------------------------------------------------
+def attn_fwd_flops(batch, nheads, seqlen_q, seqlen_k, headdim, causal):
+    f = 4.0 * batch * nheads * seqlen_q * seqlen_k * headdim
+    return f / 2 if causal else f
+
+
+def grid_configs(args):
+    for dtype in args.dtypes:
+        for causal in args.causals:
+            for d in args.headdims:
+                for s in args.seqlens:
+                    yield dict(dtype=dtype, causal=causal, headdim=d, seqlen_q=s, seqlen_k=s,
+                               batch=max(1, args.total_tokens // s), nheads=args.hidden // d,
+                               nheads_k=args.hidden // d)
+
+
+def fmt_num(x, width=5):
+    if x is None:
+        return "n/a".rjust(width)
+    return ("%.0f" % x).rjust(width)
+
+
+# --------------------------------------------------------------------------------------
+# The GPU part
+# --------------------------------------------------------------------------------------
+class StickyCudaError(RuntimeError):
+    pass
+
+
+class Bench:
+    def __init__(self, args):
+        import torch
+        self.torch = torch
+        self.args = args
+        self.failures_seen = set()
+        self.failures_suppressed = 0
+        if ON_GPU:
+            props = torch.cuda.get_device_properties(0)
+            self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+            self.device_name = props.name
+            self.capability = "%d.%d" % (props.major, props.minor)
+            self.total_mem = props.total_memory
+        else:
+            self.l2_bytes, self.device_name, self.capability, self.total_mem = (
+                DEFAULT_L2_BYTES, "cpu (script self-test only)", "0.0", 0)
+        self.timer_kind, self._bench = self._make_timer()
+        self.ours = None
+        self.ours_error = None
+        self.built_configs = None
+        try:  # also used by --check and the peak-memory comparison
+            from flash_attn import flash_attn_func
+            self.ours = flash_attn_func
+            try:
+                from flash_attn import _C  # noqa: F401
+                self.built_configs = [list(c) for c in _C.built_configs()]
+            except Exception:  # noqa: BLE001
+                pass
+        except Exception as e:  # noqa: BLE001
+            self.ours_error = "%s: %s" % (type(e).__name__, e)
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            self.SDPBackend, self.sdpa_kernel = SDPBackend, sdpa_kernel
+        except Exception:  # noqa: BLE001  (torch < 2.3)
+            self.SDPBackend, self.sdpa_kernel = None, None
+
+    # ---- timing ------------------------------------------------------------------------
+    def _make_timer(self):
+        torch = self.torch
+        warmup, rep = self.args.warmup_ms, self.args.rep_ms
+        if not ON_GPU:
+            import time
+
+            def bench(fn):
+                fn()
+                ts = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append((time.perf_counter() - t0) * 1e3)
+                return float(statistics.median(ts))
+            return "wall clock (cpu self-test)", bench
+        try:
+            import triton.testing as tt
+
+            def bench(fn):
+                try:
+                    r = tt.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+                except TypeError:  # older triton: no return_mode
+                    r = tt.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
+                if isinstance(r, (list, tuple)):
+                    r = r[0]
+                return float(r)
+            return "triton.testing.do_bench (median)", bench
+        except Exception:  # noqa: BLE001
+            pass
+
+        def bench(fn):
+            flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=DEVICE)
+            fn()
+            torch.cuda.synchronize()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(5):
+                flush.zero_()
+                fn()
+            e.record()
+            torch.cuda.synchronize()
+            est = max(s.elapsed_time(e) / 5, 1e-3)
+            for _ in range(max(1, int(warmup / est))):
+                fn()
+            n = max(5, min(10000, int(rep / est)))
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            for i in range(n):
+                flush.zero_()
+                starts[i].record()
+                fn()
+                ends[i].record()
+            torch.cuda.synchronize()
+            return float(statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)))
+        return "CUDA events (median, L2 flushed)", bench
+
+    def n_rotations(self, set_bytes):
+        """How many distinct input sets to rotate so one pass over them exceeds ~3x L2."""
+        if set_bytes <= 0 or set_bytes >= 3 * self.l2_bytes:
+            return 1
+        return int(min(16, math.ceil(3 * self.l2_bytes / set_bytes)))
+
+    # ---- error handling ----------------------------------------------------------------
+    def context_alive(self):
+        torch = self.torch
+        try:
+            _sync(torch)
+            torch.ones(1, device=DEVICE).add_(1).item()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def report_failure(self, backend, what, exc):
+        torch = self.torch
+        msg = "%s: %s" % (type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        msg = msg[:300]
+        if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in msg:
+            msg = "out of memory"
+        key = (backend, msg)
+        if key in self.failures_seen:
+            self.failures_suppressed += 1
+        else:
+            self.failures_seen.add(key)
+            print("  [n/a] %-9s %s: %s" % (backend, what, msg), flush=True)
+        try:
+            _empty_cache(torch)
+        except Exception:  # noqa: BLE001
+            pass
+        if not self.context_alive():
+            raise StickyCudaError("CUDA context unusable after %s %s failed: %s" % (backend, what, msg))
+        return msg
+
+    # ---- backends ----------------------------------------------------------------------
+    def backend_fn(self, backend, causal, seqlen_q, seqlen_k, enable_gqa=False):
+        """Returns (ctx_factory, fn(q, k, v) -> out) for inputs in (b, s, h, d) layout."""
+        torch = self.torch
+        causal = bool(causal)
+        F = torch.nn.functional
+        if backend == "ours":
+            if self.ours is None:
+                raise RuntimeError("flash_attn import failed: %s" % self.ours_error)
+            f = self.ours
+            return contextlib.nullcontext, (lambda q, k, v: f(q, k, v, causal=causal))
+        if backend in SDPA_BACKEND_NAMES:
+            if self.sdpa_kernel is None:
+                raise RuntimeError("torch.nn.attention.sdpa_kernel not available in this torch")
+            be = getattr(self.SDPBackend, SDPA_BACKEND_NAMES[backend])
+            sdpa_causal = causal and seqlen_q > 1
+            if sdpa_causal and seqlen_q != seqlen_k:
+                raise RuntimeError("SDPA is_causal is top-left aligned; only seqlen_q == seqlen_k compared")
+            kw = {"enable_gqa": True} if enable_gqa else {}
+
+            def fn(q, k, v):
+                return F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    is_causal=sdpa_causal, **kw)
+            return (lambda: self.sdpa_kernel([be])), fn
+        if backend == "naive":
+            mask = None
+            if causal:  # bottom-right aligned: query i sees key j iff j <= i + sk - sq
+                mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=DEVICE).triu(
+                    seqlen_k - seqlen_q + 1)
+
+            def fn(q, k, v):
+                scale = q.shape[-1] ** -0.5
+                qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                if kt.shape[1] != qt.shape[1]:
+                    rep = qt.shape[1] // kt.shape[1]
+                    kt, vt = kt.repeat_interleave(rep, dim=1), vt.repeat_interleave(rep, dim=1)
+                s = torch.matmul(qt * scale, kt.transpose(-2, -1))
+                if mask is not None:
+                    s = s.masked_fill(mask, float("-inf"))
+                p = torch.softmax(s, dim=-1)
+                return torch.matmul(p, vt)
+            return contextlib.nullcontext, fn
+        raise ValueError(backend)
+
+    def naive_bytes(self, cfg, train):
+        elt = 2
+        m = cfg["batch"] * cfg["nheads"] * cfg["seqlen_q"] * cfg["seqlen_k"] * elt
+        # forward: scores + probabilities; forward+backward: + dP, dS and a temporary
+        return m * ((5 if cfg["causal"] else 4) if train else 2)
+
+    def make_inputs(self, cfg, n_sets, dtype):
+        torch = self.torch
+        b, sq, sk = cfg["batch"], cfg["seqlen_q"], cfg["seqlen_k"]
+        h, hk, d = cfg["nheads"], cfg["nheads_k"], cfg["headdim"]
+        sets = []
+        for _ in range(n_sets):
+            q = torch.randn(b, sq, h, d, device=DEVICE, dtype=dtype)
+            k = torch.randn(b, sk, hk, d, device=DEVICE, dtype=dtype)
+            v = torch.randn(b, sk, hk, d, device=DEVICE, dtype=dtype)
+            sets.append((q, k, v))
+        return sets
+
+    # ---- one measurement ---------------------------------------------------------------
+    def time_phase(self, backend, phase, cfg, sets, enable_gqa=False, kv_transform=None):
+        """Median milliseconds of one phase, rotating over the input sets."""
+        torch = self.torch
+        ctx_factory, fn = self.backend_fn(backend, cfg["causal"], cfg["seqlen_q"], cfg["seqlen_k"],
+                                          enable_gqa=enable_gqa)
+        if kv_transform is not None:  # e.g. repeat kv heads, outside the timed region
+            sets = [(q, kv_transform(k), kv_transform(v)) for q, k, v in sets]
+        n = len(sets)
+        it = [0]
+        with ctx_factory():
+            if phase == "fwd":
+                def run():
+                    q, k, v = sets[it[0] % n]
+                    it[0] += 1
+                    fn(q, k, v)
+                with torch.no_grad():
+                    return self._bench(run)
+
+            leaves = [tuple(t.detach().requires_grad_() for t in s) for s in sets]
+            with torch.no_grad():
+                out_shape = fn(*sets[0]).shape
+            douts = [torch.randn(out_shape, device=DEVICE, dtype=sets[0][0].dtype) for _ in range(n)]
+            if phase == "fwdbwd":
+                def run():
+                    i = it[0] % n
+                    it[0] += 1
+                    q, k, v = leaves[i]
+                    torch.autograd.grad(fn(q, k, v), (q, k, v), douts[i])
+                return self._bench(run)
+
+            # bwd: graphs built once, outside the timed region
+            outs = [fn(*lv) for lv in leaves]
+
+            def run():
+                i = it[0] % n
+                it[0] += 1
+                torch.autograd.grad(outs[i], leaves[i], douts[i], retain_graph=True)
+            try:
+                return self._bench(run)
+            finally:
+                del outs
+
+    # ---- correctness check -------------------------------------------------------------
+    def check(self):
+        torch = self.torch
+        a = self.args
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtypes[0]]
+        d = a.headdims[0]
+        b, s, h = 2, 1024, 8
+        print("== --check: ours vs SDPA math, %s b=%d s=%d h=%d d=%d" % (a.dtypes[0], b, s, h, d))
+        if self.ours is None:
+            print("CHECK FAILED: flash_attn import failed: %s" % self.ours_error)
+            return False
+        ok = True
+        for causal in (False, True):
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(b, s, h, d, device=DEVICE, dtype=dtype) for _ in range(3))
+            dout = torch.randn(b, s, h, d, device=DEVICE, dtype=dtype)
+
+            def math_attn(q, k, v):
+                with self.sdpa_kernel([self.SDPBackend.MATH]):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                        is_causal=causal).transpose(1, 2)
+
+            def run(f, cast):
+                lv = [t.detach().to(cast).requires_grad_() for t in (q, k, v)]
+                o = f(*lv)
+                g = torch.autograd.grad(o, lv, dout.to(cast))
+                return [o.float()] + [x.float() for x in g]
+
+            try:
+                ref = run(math_attn, torch.float32)
+                low = run(math_attn, dtype)
+                ours = run(lambda q, k, v: self.ours(q, k, v, causal=causal), dtype)
+            except Exception as e:  # noqa: BLE001
+                print("CHECK FAILED (causal=%s): %s: %s" % (causal, type(e).__name__, e))
+                traceback.print_exc()
+                return False
+            for name, r, l, o in zip(["out", "dq", "dk", "dv"], ref, low, ours):
+                err_o = (o - r).abs().max().item()
+                err_l = (l - r).abs().max().item()
+                # upstream's criterion: within 2x (out) / 3x (grads) of the low-precision
+                # reference's own error, plus a small rounding allowance
+                tol = (2 if name == "out" else 3) * err_l + 1e-3 * (r.abs().max().item() + 1e-6)
+                good = math.isfinite(err_o) and err_o <= tol
+                ok &= good
+                print("  causal=%d %-3s max|ours-ref|=%.3e  max|math_%s-ref|=%.3e  %s" % (
+                    causal, name, err_o, a.dtypes[0], err_l, "ok" if good else "MISMATCH"))
+        print("== check %s" % ("passed" if ok else "FAILED"))
+        return ok
+
+    # ---- peak memory -------------------------------------------------------------------
+    def peak_memory(self):
+        torch = self.torch
+        dtype_name = self.args.dtypes[0]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+        b, s, d = 1, 8192, 128
+        h = max(1, self.args.hidden // d)
+        cfg = dict(batch=b, seqlen_q=s, seqlen_k=s, nheads=h, nheads_k=h, headdim=d, causal=False)
+        res = {"config": "%s b=%d s=%d h=%d d=%d non-causal" % (dtype_name, b, s, h, d)}
+        in_bytes = 4 * b * s * h * d * 2  # q, k, v, dout
+        res["input_bytes"] = in_bytes
+        print("== peak extra memory of forward+backward (%s; excludes q,k,v,dout = %.0f MiB; "
+              "includes out and dq,dk,dv = %.0f MiB)" % (res["config"], in_bytes / 2**20,
+                                                          4 * b * s * h * d * 2 / 2**20))
+        for backend in ("ours", "naive"):
+            if not ON_GPU:
+                res[backend] = None
+                continue
+            try:
+                _, fn = self.backend_fn(backend, False, s, s)
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                q, k, v, dout = (torch.randn(b, s, h, d, device=DEVICE, dtype=dtype) for _ in range(4))
+                q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                out = fn(q, k, v)
+                g = torch.autograd.grad(out, (q, k, v), dout.view(out.shape) if backend == "ours"
+                                        else dout.transpose(1, 2))
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+                del out, g, q, k, v, dout
+                res[backend] = peak
+                print("  %-6s %10.1f MiB" % (backend, peak / 2**20))
+            except Exception as e:  # noqa: BLE001
+                res[backend] = None
+                print("  %-6s n/a (%s)" % (backend, self.report_failure(backend, "peak memory", e)))
+        if res.get("ours") and res.get("naive"):
+            print("  naive / ours = %.1fx" % (res["naive"] / res["ours"]))
+        _empty_cache(torch)
+        return res
+
+
+# --------------------------------------------------------------------------------------
+# Grid mode
+# --------------------------------------------------------------------------------------
+def run_grid(bench, args, rows):
+    """Appends one record per (config, backend) to rows (kept on a fatal error)."""
+    torch = bench.torch
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    hdr = "%-5s %-6s %4s %6s %5s %4s |" % ("dtype", "causal", "d", "seqlen", "batch", "nh")
+    hdr += "".join(" %13s |" % b for b in args.backends)
+    print("\nTFLOP/s, each cell fwd/bwd (fwd+bwd in the CSV); timer: %s" % bench.timer_kind)
+    print(hdr)
+    print("-" * len(hdr))
+    for cfg in grid_configs(args):
+        dtype = dtypes[cfg["dtype"]]
+        flops = attn_fwd_flops(cfg["batch"], cfg["nheads"], cfg["seqlen_q"], cfg["seqlen_k"],
+                               cfg["headdim"], cfg["causal"])
+        set_bytes = 5 * cfg["batch"] * cfg["seqlen_q"] * cfg["nheads"] * cfg["headdim"] * 2
+        n_sets = bench.n_rotations(set_bytes)
+        what = "%s causal=%d d=%d s=%d" % (cfg["dtype"], cfg["causal"], cfg["headdim"], cfg["seqlen_q"])
+        try:
+            sets = bench.make_inputs(cfg, n_sets, dtype)
+        except Exception as e:  # noqa: BLE001
+            bench.report_failure("inputs", what, e)
+            continue
+        cells = {}
+        for backend in args.backends:
+            rec = dict(cfg, causal=int(cfg["causal"]), backend=backend, n_input_sets=n_sets,
+                       fwd_flops=flops, note="")
+            notes = []
+            for phase in PHASES:
+                ms = None
+                if backend == "naive" and bench.naive_bytes(cfg, phase != "fwd") > args.naive_max_gb * 1e9:
+                    notes.append("%s skipped: naive needs ~%.0f GB" % (
+                        phase, bench.naive_bytes(cfg, phase != "fwd") / 1e9))
+                else:
+                    try:
+                        ms = bench.time_phase(backend, phase, cfg, sets)
+                    except StickyCudaError:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        notes.append("%s: %s" % (phase, bench.report_failure(backend, "%s %s" % (phase, what), e)))
+                        if phase == "fwd" and backend != "naive":
+                            # a backend that cannot run forward will not run backward
+                            for p in PHASES[1:]:
+                                rec["%s_ms" % p] = None
+                                rec["%s_tflops" % p] = None
+                            rec["fwd_ms"], rec["fwd_tflops"] = None, None
+                            break
+                rec["%s_ms" % phase] = ms
+                rec["%s_tflops" % phase] = (PHASE_FLOP_FACTOR[phase] * flops / (ms * 1e-3) / 1e12
+                                            if ms else None)
+            rec["note"] = "; ".join(notes)
+            if backend == "naive":
+                _empty_cache(torch)
+            rows.append(rec)
+            cells[backend] = "%s/%s" % (fmt_num(rec.get("fwd_tflops"), 0), fmt_num(rec.get("bwd_tflops"), 0))
+        del sets
+        line = "%-5s %-6s %4d %6d %5d %4d |" % (cfg["dtype"], "yes" if cfg["causal"] else "no",
+                                               cfg["headdim"], cfg["seqlen_q"], cfg["batch"], cfg["nheads"])
+        line += "".join(" %13s |" % cells.get(b, "") for b in args.backends)
+        print(line, flush=True)
+
+
+def _geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(rows, args):
+    """Geometric-mean ratio ours / other per (dtype, causal, d) and overall."""
+    lines = []
+    by = {}
+    for r in rows:
+        by.setdefault((r["dtype"], r["causal"], r["headdim"], r["seqlen_q"]), {})[r["backend"]] = r
+    summary = {}
+    for other in [b for b in ("flash", "cudnn") if b in args.backends]:
+        if "ours" not in args.backends:
+            break
+        groups = {}
+        for (dt, c, d, s), rs in by.items():
+            if "ours" not in rs or other not in rs:
+                continue
+            for phase in ("fwd", "bwd"):
+                a, o = rs["ours"].get(phase + "_tflops"), rs[other].get(phase + "_tflops")
+                if a and o:
+                    groups.setdefault((dt, c, d, phase), []).append(a / o)
+                    groups.setdefault(("all", "all", "all", phase), []).append(a / o)
+        if not groups:
+            lines.append("ours/%s: no configuration where both ran" % other)
+            continue
+        lines.append("ours/%s TFLOP/s ratio (geometric mean over seqlens; >1 = ours faster):" % other)
+        keys = sorted({k[:3] for k in groups if k[0] != "all"}) + [("all", "all", "all")]
+        for k in keys:
+            fw, bw = _geomean(groups.get(k + ("fwd",), [])), _geomean(groups.get(k + ("bwd",), []))
+            label = "overall" if k[0] == "all" else "%s causal=%d d=%d" % k
+            lines.append("  %-22s fwd %s  bwd %s" % (label, "%.2f" % fw if fw else " n/a",
+                                                      "%.2f" % bw if bw else " n/a"))
+            summary["%s|%s" % (other, label)] = {"fwd": fw, "bwd": bw}
+    return lines, summary
+
+
+# --------------------------------------------------------------------------------------
+# Decode mode
+# --------------------------------------------------------------------------------------
+def run_decode(bench, args, rows):
+    """Appends one record per (decode config, backend) to rows (kept on a fatal error)."""
+    torch = bench.torch
+    dtype = torch.bfloat16
+    h, hk, d = DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEADDIM
+    backends = [b for b in args.backends]
+    print("\nDecode: bf16, seqlen_q=1, %d q heads / %d kv heads, d=%d; GB/s = bytes of K and V "
+          "(GQA-sized) / median time; timer: %s" % (h, hk, d, bench.timer_kind))
+    hdr = "%6s %8s %9s |" % ("batch", "seqlen_k", "KV MB") + "".join(" %10s |" % b for b in backends)
+    print(hdr)
+    print("-" * len(hdr))
+    for batch, sk in DECODE_CONFIGS:
+        cfg = dict(dtype="bf16", causal=0, headdim=d, seqlen_q=1, seqlen_k=sk, batch=batch,
+                   nheads=h, nheads_k=hk)
+        kv_bytes = 2 * batch * sk * hk * d * 2
+        n_sets = bench.n_rotations(kv_bytes)
+        what = "decode b=%d sk=%d" % (batch, sk)
+        try:
+            sets = bench.make_inputs(cfg, n_sets, dtype)
+        except Exception as e:  # noqa: BLE001
+            bench.report_failure("inputs", what, e)
+            continue
+        cells = {}
+        for backend in backends:
+            rec = dict(cfg, backend=backend, n_input_sets=n_sets, kv_bytes=kv_bytes, note="")
+            ms, note = None, ""
+            attempts = []
+            if backend in SDPA_BACKEND_NAMES:
+                attempts = [("enable_gqa=True", True, None),
+                            ("kv heads repeated x%d outside the timed region (kernel reads %dx the "
+                             "bytes; GB/s still counts GQA-sized K,V)" % (h // hk, h // hk), False,
+                             lambda t: t.repeat_interleave(h // hk, dim=2))]
+            elif backend == "naive":
+                attempts = [("matmul+softmax; kv heads expanded inside the timed region", False, None)]
+            else:
+                attempts = [("native GQA", False, None)]
+            errs = []
+            for label, gqa, kvt in attempts:
+                try:
+                    ms = bench.time_phase(backend, "fwd", cfg, sets, enable_gqa=gqa, kv_transform=kvt)
+                    note = label
+                    break
+                except StickyCudaError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    errs.append("%s: %s" % (label, bench.report_failure(backend, "%s (%s)" % (what, label), e)))
+            rec["fwd_ms"] = ms
+            rec["gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+            rec["note"] = note if ms else "; ".join(errs)
+            rows.append(rec)
+            cells[backend] = ("%.0f%s" % (rec["gbps"], "*" if "outside the timed" in note else "")) if ms else "n/a"
+        del sets
+        _empty_cache(torch)
+        print("%6d %8d %9.0f |" % (batch, sk, kv_bytes / 1e6) +
+              "".join(" %10s |" % cells.get(b, "") for b in backends), flush=True)
+    if any("outside the timed" in (r.get("note") or "") for r in rows if r.get("fwd_ms")):
+        print("  * SDPA backend refused enable_gqa: K,V were repeated to %d heads outside the timed "
+              "region, so the kernel read %dx more bytes than counted." % (h, h // hk))
+
+
+# --------------------------------------------------------------------------------------
+# Output files
+# --------------------------------------------------------------------------------------
+CSV_FIELDS = ["dtype", "causal", "headdim", "seqlen_q", "seqlen_k", "batch", "nheads", "nheads_k",
+              "backend", "n_input_sets", "fwd_flops", "fwd_ms", "bwd_ms", "fwdbwd_ms",
+              "fwd_tflops", "bwd_tflops", "fwdbwd_tflops", "kv_bytes", "gbps", "note"]
+
+
+def write_csv(path, rows):
+    fields = [f for f in CSV_FIELDS if any(f in r for r in rows)] or CSV_FIELDS
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("n/a" if r.get(k) is None and k in r else
+                            ("%.6g" % r[k] if isinstance(r.get(k), float) else r.get(k, "")))
+                        for k in fields})
+
+
+def write_json(path, meta, rows, extra=None):
+    doc = {"meta": meta, "results": rows}
+    if extra:
+        doc.update(extra)
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+
+
+def plot_grid(path, rows, args, title=""):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        print("(no plot: matplotlib unavailable: %s; pip install matplotlib)" % e)
+        return None
+    panels = [(dt, c, ph) for dt in args.dtypes for c in [int(x) for x in args.causals]
+              for ph in ("fwd", "bwd")]
+    dims = list(args.headdims)
+    fig, axes = plt.subplots(len(panels), len(dims), figsize=(4.6 * len(dims), 3.2 * len(panels)),
+                             squeeze=False)
+    colors = {"ours": "tab:red", "flash": "tab:blue", "cudnn": "tab:green",
+              "efficient": "tab:orange", "naive": "tab:gray"}
+    for i, (dt, c, ph) in enumerate(panels):
+        for j, d in enumerate(dims):
+            ax = axes[i][j]
+            for be in args.backends:
+                pts = sorted((r["seqlen_q"], r.get(ph + "_tflops")) for r in rows
+                             if r["dtype"] == dt and r["causal"] == c and r["headdim"] == d
+                             and r["backend"] == be and r.get(ph + "_tflops"))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                            label=be, color=colors.get(be))
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(args.seqlens)
+            ax.set_xticklabels([("%dk" % (s // 1024)) if s >= 1024 else str(s) for s in args.seqlens])
+            ax.set_title("%s %s causal=%d d=%d" % (dt, ph, c, d), fontsize=9)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("TFLOP/s")
+            if i == len(panels) - 1:
+                ax.set_xlabel("seqlen")
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_decode(path, rows, backends, title="", hbm_gbps=4300.0):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        print("(no plot: matplotlib unavailable: %s; pip install matplotlib)" % e)
+        return None
+    cfgs = [(b, sk) for b, sk in DECODE_CONFIGS]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    w = 0.8 / max(1, len(backends))
+    for bi, be in enumerate(backends):
+        ys = []
+        for b, sk in cfgs:
+            m = [r.get("gbps") for r in rows if r["backend"] == be and r["seqlen_k"] == sk
+                 and r["batch"] == b]
+            ys.append(m[0] if m and m[0] else 0.0)
+        ax.bar([x + bi * w for x in range(len(cfgs))], ys, width=w, label=be)
+    ax.axhline(hbm_gbps, ls="--", color="k", lw=0.8, label="%.1f TB/s" % (hbm_gbps / 1000))
+    ax.set_xticks([x + w * (len(backends) - 1) / 2 for x in range(len(cfgs))])
+    ax.set_xticklabels(["b=%d sk=%dk" % (b, sk // 1024) for b, sk in cfgs])
+    ax.set_ylabel("GB/s (K+V bytes / time)")
+    ax.set_title("decode: bf16, 1 query token, 32 q / 8 kv heads, d=128\n" + title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def collect_meta(bench, args):
+    torch = bench.torch
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "gpu": bench.device_name,
+        "capability": bench.capability,
+        "gpu_memory_bytes": bench.total_mem,
+        "l2_bytes": bench.l2_bytes,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "timer": bench.timer_kind,
+        "warmup_ms": args.warmup_ms,
+        "rep_ms": args.rep_ms,
+        "flop_convention": "fwd = 4*b*h*sq*sk*d (/2 causal); bwd = 2.5x fwd; fwd+bwd = 3.5x fwd",
+        "ours_import_error": bench.ours_error,
+        "ours_built_configs": bench.built_configs,
+    }
+    try:
+        import triton
+        meta["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        meta["triton"] = None
+    try:
+        import flash_attn
+        meta["flash_attn"] = getattr(flash_attn, "__version__", None)
+        meta["flash_attn_path"] = os.path.dirname(flash_attn.__file__)
+    except Exception:  # noqa: BLE001
+        meta["flash_attn"] = None
+    return meta
+
+
+# --------------------------------------------------------------------------------------
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        sys.exit("error: PyTorch is not installed (pip install torch)")
+    if ON_GPU and not torch.cuda.is_available():
+        sys.exit("error: no CUDA GPU is visible (torch %s, CUDA build %s). This benchmark must run "
+                 "on a machine with an NVIDIA GPU; `--help` works anywhere." %
+                 (torch.__version__, torch.version.cuda))
+    os.makedirs(args.out, exist_ok=True)
+    bench = Bench(args)
+    print("GPU: %s (sm%s, L2 %.0f MB) | torch %s, CUDA %s | timer: %s" % (
+        bench.device_name, bench.capability.replace(".", ""), bench.l2_bytes / 2**20,
+        torch.__version__, torch.version.cuda, bench.timer_kind))
+    if bench.ours_error:
+        print("warning: `from flash_attn import flash_attn_func` failed: %s" % bench.ours_error)
+    elif bench.built_configs is not None:
+        print("flash_attn built configs (dtype, head-dim tile): %s" %
+              ", ".join("%s/%s" % tuple(c) for c in bench.built_configs))
+
+    if args.check and not bench.check():
+        sys.exit("error: --check failed (see above); not benchmarking")
+
+    meta = collect_meta(bench, args)
+    rows, extra, status = [], {}, 0
+    prefix = "decode" if args.decode else "attn"
+    try:
+        if args.decode:
+            run_decode(bench, args, rows)
+        else:
+            if not args.skip_memory and "ours" in args.backends:
+                print()
+                extra["peak_memory"] = bench.peak_memory()
+            run_grid(bench, args, rows)
+    except StickyCudaError as e:
+        print("\nerror: %s\nStopping; partial results are saved." % e)
+        status = 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; partial results are saved.")
+        status = 130
+
+    if not args.decode:
+        lines, summary = summarize(rows, args)
+        if lines:
+            print()
+            print("\n".join(lines))
+        extra["ratio_summary"] = summary
+    if bench.failures_suppressed:
+        print("(%d repeated failure messages not printed; see the note column in the CSV)" %
+              bench.failures_suppressed)
+
+    csv_path = os.path.join(args.out, prefix + ".csv")
+    json_path = os.path.join(args.out, prefix + ".json")
+    write_csv(csv_path, rows)
+    write_json(json_path, meta, rows, extra)
+    png = None
+    try:
+        title = "%s | torch %s | %s" % (bench.device_name, torch.__version__, meta["date"])
+        png = (plot_decode(os.path.join(args.out, "decode_bw.png"), rows, args.backends, title)
+               if args.decode else
+               plot_grid(os.path.join(args.out, "attn_tflops.png"), rows, args, title))
+    except Exception as e:  # noqa: BLE001
+        print("(plot failed: %s: %s)" % (type(e).__name__, e))
+    print("\nwrote %s, %s%s" % (csv_path, json_path, (", " + png) if png else ""))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
