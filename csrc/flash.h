@@ -1,0 +1,79 @@
+// Plain parameter structs shared by the binding and the kernels. No torch types here, so
+// kernel translation units compile independently of the Python and torch versions.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flash {
+
+struct QKVParams {
+    using index_t = int64_t;
+    void *__restrict__ q_ptr;
+    void *__restrict__ k_ptr;
+    void *__restrict__ v_ptr;
+    // Strides in elements; the head dim is contiguous. Batch strides are unused for varlen.
+    index_t q_batch_stride, k_batch_stride, v_batch_stride;
+    index_t q_row_stride, k_row_stride, v_row_stride;
+    index_t q_head_stride, k_head_stride, v_head_stride;
+    int h, h_k;
+    int h_h_k_ratio;  // h / h_k: query heads that share one K/V head (MQA/GQA)
+};
+
+struct FwdParams : QKVParams {
+    void *__restrict__ o_ptr;
+    index_t o_batch_stride, o_row_stride, o_head_stride;
+
+    // softmax_lse: fp32, element (b, h, row) at b * lse_batch_stride + h * lse_head_stride + row.
+    // Dense: (b, h, seqlen_q). Varlen: (h, total_q) with the batch offset taken from cu_seqlens_q.
+    float *__restrict__ softmax_lse_ptr;
+    index_t lse_batch_stride, lse_head_stride;
+
+    int b, seqlen_q, seqlen_k, d;
+    int head_dim_tile;  // the instantiated kernel head dim (>= d)
+
+    float scale_softmax;
+    float scale_softmax_log2;  // scale_softmax * log2(e): scores go through exp2
+
+    // Variable-length batches: when non-null, sequence b spans rows [cu_seqlens[b], cu_seqlens[b+1]).
+    const int *__restrict__ cu_seqlens_q;
+    const int *__restrict__ cu_seqlens_k;
+
+    // Visible keys for query row i: [i + seqlen_k - seqlen_q - window_left, i + seqlen_k - seqlen_q + window_right].
+    // Unbounded sides hold kWindowUnbounded; causal is window_right = 0.
+    int window_left, window_right;
+
+    bool is_bf16;
+};
+
+// A window side that never masks anything (large, yet safe to add to row indices).
+constexpr int kWindowUnbounded = 1 << 29;
+
+struct BwdParams : FwdParams {
+    void *__restrict__ do_ptr;
+    index_t do_batch_stride, do_row_stride, do_head_stride;
+    void *__restrict__ dq_ptr;
+    void *__restrict__ dk_ptr;
+    void *__restrict__ dv_ptr;
+    index_t dq_batch_stride, dq_row_stride, dq_head_stride;
+    index_t dk_batch_stride, dk_row_stride, dk_head_stride;
+    index_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+    // fp32 dQ accumulator (b, h, seqlen_q_rounded, head_dim_tile), zero-initialised.
+    float *__restrict__ dq_accum_ptr;
+    // rowsum(dO * O) (b, h, seqlen_q_rounded), fp32.
+    float *__restrict__ softmax_d_ptr;
+    int seqlen_q_rounded;
+};
+
+// Dispatch on (dtype, head-dim tile). Returns false when that configuration was not built.
+bool run_mha_fwd(FwdParams &params, cudaStream_t stream);
+bool run_mha_bwd(BwdParams &params, cudaStream_t stream);
+// Whether a (dtype, head-dim tile) pair was compiled in.
+bool is_built(bool is_bf16, int head_dim_tile);
+// The kernel head-dim tile a head dim runs in, or -1 above 256.
+int head_dim_tile(int d);
+// The last CUDA error string seen by a launch in this thread ("" when none).
+const char *last_launch_error();
+
+}  // namespace flash

@@ -1,0 +1,225 @@
+// The one file that includes torch: checks tensors, fills the plain params structs, allocates
+// outputs and workspaces, and calls the dispatcher on the current CUDA stream.
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flash.h"
+
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+const char *dtype_name(bool is_bf16) { return is_bf16 ? "bf16" : "fp16"; }
+
+void check_tensor(const at::Tensor &t, const char *name, const at::Tensor &ref) {
+    TORCH_CHECK(t.is_cuda(), "flash_attn: ", name, " must be a CUDA tensor, got device ", t.device());
+    TORCH_CHECK(t.device() == ref.device(), "flash_attn: ", name, " is on ", t.device(), " but q is on ", ref.device());
+    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "flash_attn: ", name, " has dtype ", t.scalar_type(),
+                " but q has dtype ", ref.scalar_type());
+    TORCH_CHECK(t.dim() == 4, "flash_attn: ", name, " must have shape (batch, seqlen, nheads, headdim), got ",
+                t.sizes());
+    TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "flash_attn: ", name,
+                " must have a contiguous last dimension, got strides ", t.strides());
+}
+
+// The kernels move 16-byte vectors: every stride must be a multiple of 8 elements and the base
+// 16-byte aligned. Views that are not (rare: odd slices) are copied once.
+bool is_aligned(const at::Tensor &t) {
+    if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+    if (t.stride(-1) != 1) return false;
+    for (int i = 0; i < t.dim() - 1; ++i) {
+        if (t.stride(i) % 8 != 0 && t.size(i) > 1) return false;
+    }
+    return true;
+}
+
+at::Tensor aligned(const at::Tensor &t) { return is_aligned(t) ? t : t.contiguous(); }
+
+// An output the caller supplied, or a fresh one; a supplied but unaligned one gets a temporary
+// that is copied back with copy_back().
+at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *name, at::IntArrayRef shape,
+                         const at::Tensor &like) {
+    if (given.has_value()) {
+        const at::Tensor &t = given.value();
+        TORCH_CHECK(t.sizes() == shape, "flash_attn: ", name, " must have shape ", shape, ", got ", t.sizes());
+        TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), "flash_attn: ", name,
+                    " must have dtype ", like.scalar_type(), " on ", like.device());
+        if (is_aligned(t)) return t;
+    }
+    return at::empty(shape, like.options());
+}
+
+void copy_back(const std::optional<at::Tensor> &given, const at::Tensor &computed) {
+    if (given.has_value() && !given.value().is_same(computed)) given.value().copy_(computed);
+}
+
+void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+             const at::Tensor &out, const at::Tensor &lse, double softmax_scale, bool is_causal) {
+    p = {};
+    p.q_ptr = q.data_ptr();
+    p.k_ptr = k.data_ptr();
+    p.v_ptr = v.data_ptr();
+    p.q_batch_stride = q.stride(0), p.k_batch_stride = k.stride(0), p.v_batch_stride = v.stride(0);
+    p.q_row_stride = q.stride(1), p.k_row_stride = k.stride(1), p.v_row_stride = v.stride(1);
+    p.q_head_stride = q.stride(2), p.k_head_stride = k.stride(2), p.v_head_stride = v.stride(2);
+    p.o_ptr = out.data_ptr();
+    p.o_batch_stride = out.stride(0), p.o_row_stride = out.stride(1), p.o_head_stride = out.stride(2);
+    p.softmax_lse_ptr = lse.data_ptr<float>();
+    p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1);
+    p.b = q.size(0);
+    p.seqlen_q = q.size(1);
+    p.seqlen_k = k.size(1);
+    p.h = q.size(2);
+    p.h_k = k.size(2);
+    p.h_h_k_ratio = p.h / p.h_k;
+    p.d = q.size(3);
+    p.head_dim_tile = flash::head_dim_tile(p.d);
+    p.scale_softmax = static_cast<float>(softmax_scale);
+    p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
+    p.cu_seqlens_q = nullptr;
+    p.cu_seqlens_k = nullptr;
+    p.window_left = flash::kWindowUnbounded;
+    p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
+    p.is_bf16 = q.scalar_type() == at::kBFloat16;
+}
+
+void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
+    TORCH_CHECK(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
+                " (tile ", tile, "). Rebuild with FLASH_ATTN_HEAD_DIMS including ", tile,
+                " and FLASH_ATTN_DTYPES including ", dtype_name(is_bf16), ".");
+    const std::string err = flash::last_launch_error();
+    TORCH_CHECK(err.empty(), "flash_attn: CUDA error: ", err);
+}
+
+void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+    TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+                "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
+    check_tensor(q, "q", q);
+    check_tensor(k, "k", q);
+    check_tensor(v, "v", q);
+    const int64_t b = q.size(0), d = q.size(3);
+    TORCH_CHECK(k.size(0) == b && v.size(0) == b, "flash_attn: q, k, v must have the same batch size, got ",
+                q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+    TORCH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
+                v.sizes());
+    TORCH_CHECK(k.size(3) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(3));
+    TORCH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
+                kMaxHeadDim, " here (the Python layer pads), got ", d);
+    TORCH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "flash_attn: nheads (", q.size(2),
+                ") must be divisible by nheads_k (", k.size(2), ")");
+}
+
+std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                double softmax_scale, bool is_causal) {
+    check_qkv_shapes(q, k, v);
+    c10::cuda::CUDAGuard device_guard(q.device());
+    q = aligned(q), k = aligned(k), v = aligned(v);
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
+    at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
+    at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
+    if (b == 0 || sq == 0 || h == 0) return {out, lse};
+    if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf (as a fully masked row)
+        out.zero_();
+        lse.fill_(std::numeric_limits<float>::infinity());
+        copy_back(out_, out);
+        return {out_.has_value() ? out_.value() : out, lse};
+    }
+
+    flash::FwdParams params;
+    set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
+    const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
+    check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+    copy_back(out_, out);
+    return {out_.has_value() ? out_.value() : out, lse};
+}
+
+std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
+                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
+                                bool deterministic) {
+    TORCH_CHECK(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
+    check_qkv_shapes(q, k, v);
+    check_tensor(out, "out", q);
+    check_tensor(dout, "dout", q);
+    TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
+                q.sizes());
+    c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), h_k = k.size(2);
+    TORCH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
+                    softmax_lse.sizes() == at::IntArrayRef({b, h, sq}),
+                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (batch, nheads, seqlen_q)");
+    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
+    softmax_lse = softmax_lse.contiguous();
+
+    at::Tensor dq = output_or_new(dq_, "dq", q.sizes(), q);
+    at::Tensor dk = output_or_new(dk_, "dk", k.sizes(), k);
+    at::Tensor dv = output_or_new(dv_, "dv", v.sizes(), v);
+    const int seqlen_q_rounded = round_up(static_cast<int>(sq), 128);
+    at::Tensor softmax_d = at::empty({b, h, seqlen_q_rounded}, q.options().dtype(at::kFloat));
+    if (b == 0 || h == 0 || sq == 0 || sk == 0) {
+        dq.zero_(), dk.zero_(), dv.zero_();
+    } else {
+        // MQA/GQA: per-query-head dK/dV, summed over each group afterwards.
+        at::Tensor dk_expanded = h_k == h ? dk : at::empty({b, sk, h, d}, q.options());
+        at::Tensor dv_expanded = h_k == h ? dv : at::empty({b, sk, h, d}, q.options());
+        const int tile = flash::head_dim_tile(static_cast<int>(d));
+        at::Tensor dq_accum = at::zeros({b, h, seqlen_q_rounded, tile}, q.options().dtype(at::kFloat));
+
+        flash::BwdParams params;
+        set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
+        params.do_ptr = dout.data_ptr();
+        params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
+        params.do_head_stride = dout.stride(2);
+        params.dq_ptr = dq.data_ptr();
+        params.dq_batch_stride = dq.stride(0), params.dq_row_stride = dq.stride(1), params.dq_head_stride = dq.stride(2);
+        params.dk_ptr = dk_expanded.data_ptr();
+        params.dk_batch_stride = dk_expanded.stride(0), params.dk_row_stride = dk_expanded.stride(1);
+        params.dk_head_stride = dk_expanded.stride(2);
+        params.dv_ptr = dv_expanded.data_ptr();
+        params.dv_batch_stride = dv_expanded.stride(0), params.dv_row_stride = dv_expanded.stride(1);
+        params.dv_head_stride = dv_expanded.stride(2);
+        params.dq_accum_ptr = dq_accum.data_ptr<float>();
+        params.softmax_d_ptr = softmax_d.data_ptr<float>();
+        params.seqlen_q_rounded = seqlen_q_rounded;
+        const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
+        check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+        if (h_k != h) {
+            at::sum_out(dk, dk_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
+            at::sum_out(dv, dv_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
+        }
+    }
+    copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
+    return {dq_.has_value() ? dq_.value() : dq, dk_.has_value() ? dk_.value() : dk,
+            dv_.has_value() ? dv_.value() : dv, softmax_d};
+}
+
+std::vector<std::tuple<std::string, int>> built_configs() {
+    std::vector<std::tuple<std::string, int>> configs;
+    for (bool is_bf16 : {false, true}) {
+        for (int tile : {32, 64, 96, 128, 192, 256}) {
+            if (flash::is_built(is_bf16, tile)) configs.emplace_back(dtype_name(is_bf16), tile);
+        }
+    }
+    return configs;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "flash_attn CUDA kernels";
+    m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+          py::arg("softmax_scale"), py::arg("is_causal"));
+    m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"));
+    m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
+    m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
+}

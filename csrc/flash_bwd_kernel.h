@@ -1,0 +1,359 @@
+// Backward kernels (SM80-class, mma.sync).
+//   preprocess:  softmax_d = rowsum(dO * O)
+//   main:        one CTA per (key block, batch, query head); walks the query blocks that can see
+//                its keys, recomputing P = exp(S * scale - lse) from the saved LSE:
+//                  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - softmax_d),
+//                  dK += dS^T Q,  dQ += dS K (fp32 atomics into dq_accum)
+//                Q and dO are double-buffered: block m+1 loads while block m computes.
+//   convert_dq:  dq = dq_accum * scale in the input dtype.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "block_info.h"
+#include "flash.h"
+#include "flash_fwd_kernel.h"  // store_tile
+#include "kernel_traits.h"
+#include "mask.h"
+#include "utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+constexpr int kRowsPerCta = 8;  // preprocess / convert: one warp per (row, head, batch)
+
+template <typename Element>
+__global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = blockIdx.x * kRowsPerCta + warp;
+    const int bidb = blockIdx.y, bidh = blockIdx.z;
+    const BlockInfo binfo(params, bidb);
+    if (row >= params.seqlen_q_rounded) return;
+    float *d_ptr = params.softmax_d_ptr + (int64_t(bidb) * params.h + bidh) * params.seqlen_q_rounded;
+    if (row >= binfo.seqlen_q) {
+        if (lane == 0) d_ptr[row] = 0.f;
+        return;
+    }
+    const Element *do_row = reinterpret_cast<const Element *>(params.do_ptr) +
+                            binfo.q_offset(params.do_batch_stride, params.do_row_stride, bidb) +
+                            bidh * params.do_head_stride + int64_t(row) * params.do_row_stride;
+    const Element *o_row = reinterpret_cast<const Element *>(params.o_ptr) +
+                           binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) +
+                           bidh * params.o_head_stride + int64_t(row) * params.o_row_stride;
+    float dot = 0.f;
+    for (int c = lane * 8; c < params.d; c += 32 * 8) {  // d is a multiple of 8: 16-byte vectors
+        const uint4 a = *reinterpret_cast<const uint4 *>(do_row + c);
+        const uint4 b = *reinterpret_cast<const uint4 *>(o_row + c);
+        const Element *ea = reinterpret_cast<const Element *>(&a);
+        const Element *eb = reinterpret_cast<const Element *>(&b);
+        CUTE_UNROLL
+        for (int i = 0; i < 8; ++i) { dot += float(ea[i]) * float(eb[i]); }
+    }
+    CUTE_UNROLL
+    for (int offset = 16; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
+    if (lane == 0) d_ptr[row] = dot;
+}
+
+template <typename Element>
+__global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = blockIdx.x * kRowsPerCta + warp;
+    const int bidb = blockIdx.y, bidh = blockIdx.z;
+    const BlockInfo binfo(params, bidb);
+    if (row >= binfo.seqlen_q) return;
+    const float *acc_row = params.dq_accum_ptr +
+                           ((int64_t(bidb) * params.h + bidh) * params.seqlen_q_rounded + row) * params.head_dim_tile;
+    Element *dq_row = reinterpret_cast<Element *>(params.dq_ptr) +
+                      binfo.q_offset(params.dq_batch_stride, params.dq_row_stride, bidb) +
+                      bidh * params.dq_head_stride + int64_t(row) * params.dq_row_stride;
+    for (int c = lane * 8; c < params.d; c += 32 * 8) {
+        const float4 lo = *reinterpret_cast<const float4 *>(acc_row + c);
+        const float4 hi = *reinterpret_cast<const float4 *>(acc_row + c + 4);
+        const float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        uint4 packed;
+        Element *out = reinterpret_cast<Element *>(&packed);
+        CUTE_UNROLL
+        for (int i = 0; i < 8; ++i) { out[i] = Element(vals[i] * params.scale_softmax); }
+        *reinterpret_cast<uint4 *>(dq_row + c) = packed;
+    }
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const __grid_constant__ BwdParams params) {
+    using Element = typename Traits::Element;
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    using TiledMmaSdP = typename Traits::TiledMmaSdP;
+    using TiledMmadKV = typename Traits::TiledMmadKV;
+    using TiledMmadQ = typename Traits::TiledMmadQ;
+
+    extern __shared__ __align__(128) char smem[];
+    const int tidx = threadIdx.x;
+    const int n_block = blockIdx.x;
+    const int bidb = blockIdx.y;
+    const int bidh = blockIdx.z;
+    const int bidh_k = bidh / params.h_h_k_ratio;
+
+    const BlockInfo binfo(params, bidb);
+    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
+    const int col0 = n_block * kBlockN;
+    if (col0 >= seqlen_k) return;
+    const Mask mask{seqlen_k, seqlen_k - seqlen_q, params.window_left, params.window_right};
+
+    // Query blocks that can see at least one key of this block.
+    int m_block_max = ceil_div(seqlen_q, kBlockM);
+    if (params.window_left < kWindowUnbounded) {
+        m_block_max = min(m_block_max, ceil_div(col0 + kBlockN + params.window_left - mask.diag, kBlockM));
+    }
+    int m_block_min = 0;
+    if (params.window_right < kWindowUnbounded) {
+        m_block_min = max(0, (col0 - mask.diag - params.window_right) / kBlockM);
+    }
+
+    Element *dk_ptr = reinterpret_cast<Element *>(params.dk_ptr) +
+                      binfo.k_offset(params.dk_batch_stride, params.dk_row_stride, bidb) + bidh * params.dk_head_stride +
+                      index_t(col0) * params.dk_row_stride;
+    Element *dv_ptr = reinterpret_cast<Element *>(params.dv_ptr) +
+                      binfo.k_offset(params.dv_batch_stride, params.dv_row_stride, bidb) + bidh * params.dv_head_stride +
+                      index_t(col0) * params.dv_row_stride;
+    const int keys_left = seqlen_k - col0;
+
+    TiledMmadKV tiled_mma_dkv;
+    auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
+    Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(acc_dk);
+    clear(acc_dv);
+
+    auto store_dk_dv = [&]() {
+        // dK and dV go through separate smem regions, so one barrier covers both.
+        __syncthreads();
+        store_tile<Traits, TiledMmadKV>(acc_dk, smem, typename Traits::SmemLayoutdKV{}, dk_ptr, params.dk_row_stride,
+                                        keys_left, params.d, tidx);
+        store_tile<Traits, TiledMmadKV>(acc_dv, smem + Traits::kSmemKVSize, typename Traits::SmemLayoutdKV{}, dv_ptr,
+                                        params.dv_row_stride, keys_left, params.d, tidx);
+    };
+    if (m_block_max <= m_block_min) {  // no query sees these keys: dK = dV = 0
+        store_dk_dv();
+        return;
+    }
+
+    const index_t q_base = binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb) + bidh * params.q_head_stride;
+    const index_t do_base = binfo.q_offset(params.do_batch_stride, params.do_row_stride, bidb) + bidh * params.do_head_stride;
+    auto gQ_at = [&](int m_block) {
+        return make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.q_ptr) + q_base +
+                                         index_t(m_block) * kBlockM * params.q_row_stride),
+                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.q_row_stride, _1{}));
+    };
+    auto gdO_at = [&](int m_block) {
+        return make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.do_ptr) + do_base +
+                                         index_t(m_block) * kBlockM * params.do_row_stride),
+                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.do_row_stride, _1{}));
+    };
+    Tensor gK = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.k_ptr) +
+                                          binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) +
+                                          bidh_k * params.k_head_stride + index_t(col0) * params.k_row_stride),
+                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.k_row_stride, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.v_ptr) +
+                                          binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) +
+                                          bidh_k * params.v_head_stride + index_t(col0) * params.v_row_stride),
+                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.v_row_stride, _1{}));
+    const float *lse_ptr = params.softmax_lse_ptr +
+                           (binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
+                           bidh * params.lse_head_stride;
+    const float *dsum_ptr = params.softmax_d_ptr + (index_t(bidb) * params.h + bidh) * params.seqlen_q_rounded;
+    float *dq_accum_ptr =
+        params.dq_accum_ptr + (index_t(bidb) * params.h + bidh) * params.seqlen_q_rounded * kHeadDim;
+
+    // Shared memory: Q[2] | dO[2] | K | V | dS | P
+    Element *smem_q = reinterpret_cast<Element *>(smem);
+    constexpr int kQdOElems = Traits::kSmemQdOSize / sizeof(Element);
+    constexpr int kKVElems = Traits::kSmemKVSize / sizeof(Element);
+    constexpr int kPdSElems = Traits::kSmemPdSSize / sizeof(Element);
+    Element *smem_do = smem_q + 2 * kQdOElems;
+    Element *smem_k = smem_do + 2 * kQdOElems;
+    Element *smem_v = smem_k + kKVElems;
+    Element *smem_ds = smem_v + kKVElems;
+    Element *smem_p = smem_ds + kPdSElems;
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdO{});
+    Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdOt{});
+    Tensor sQtNoSwizzle = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdOtNoSwizzle{});
+    Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename Traits::SmemLayoutQdO{});
+    Tensor sdOt = make_tensor(make_smem_ptr(smem_do), typename Traits::SmemLayoutQdOt{});
+    Tensor sdOtNoSwizzle = make_tensor(make_smem_ptr(smem_do), typename Traits::SmemLayoutQdOtNoSwizzle{});
+    Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});
+    Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKt{});
+    Tensor sKtNoSwizzle = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKtNoSwizzle{});
+    Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});
+    Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdSt{});
+    Tensor sdStNoSwizzle = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdStNoSwizzle{});
+    Tensor sP = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdS{});
+    Tensor sPt = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdSt{});
+    Tensor sPtNoSwizzle = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdStNoSwizzle{});
+
+    // A partitioned smem tensor of buffer 0, moved to buffer `buf` of a double-buffered pair.
+    auto in_buffer = [&](auto const &t, int buf) { return make_tensor(t.data() + buf * kQdOElems, t.layout()); };
+
+    // ---- global -> shared loads ----
+    typename Traits::GmemTiledCopyLoad gmem_copy;
+    auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
+    Tensor tQsQ = thr_gmem_copy.partition_D(sQ);
+    Tensor tdOsdO = thr_gmem_copy.partition_D(sdO);
+    Tensor tQcQ = thr_gmem_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor tQpQ = make_col_predicate(tQcQ, params.d);
+    Tensor tKVcKV = thr_gmem_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Tensor tKVpKV = make_col_predicate(tKVcKV, params.d);
+    auto load_QdO = [&](int m_block, int buf) {
+        Tensor tQsQ_buf = in_buffer(tQsQ, buf);
+        Tensor tdOsdO_buf = in_buffer(tdOsdO, buf);
+        const int rows = seqlen_q - m_block * kBlockM;
+        copy_tile(gmem_copy, thr_gmem_copy.partition_S(gQ_at(m_block)), tQsQ_buf, tQcQ, tQpQ, rows);
+        copy_tile(gmem_copy, thr_gmem_copy.partition_S(gdO_at(m_block)), tdOsdO_buf, tQcQ, tQpQ, rows);
+    };
+
+    // ---- MMA partitions ----
+    TiledMmaSdP tiled_mma_sdp;
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
+    Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ);
+    Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);
+    Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO);
+    Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);
+    auto smem_copy_sdp_A = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
+    auto thr_smem_copy_sdp_A = smem_copy_sdp_A.get_thread_slice(tidx);
+    auto smem_copy_sdp_B = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma_sdp);
+    auto thr_smem_copy_sdp_B = smem_copy_sdp_B.get_thread_slice(tidx);
+    Tensor tSsQ = thr_smem_copy_sdp_A.partition_S(sQ);
+    Tensor tdPsdO = thr_smem_copy_sdp_A.partition_S(sdO);
+    Tensor tSsK = thr_smem_copy_sdp_B.partition_S(sK);
+    Tensor tdPsV = thr_smem_copy_sdp_B.partition_S(sV);
+
+    // P and dS: registers -> smem
+    auto smem_copy_PdS = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, tiled_mma_sdp);
+    auto thr_smem_copy_PdS = smem_copy_PdS.get_thread_slice(tidx);
+    Tensor tPsP = thr_smem_copy_PdS.partition_D(sP);
+    Tensor tdSsdS = thr_smem_copy_PdS.partition_D(sdS);
+
+    // dV += P^T dO and dK += dS^T Q: both operands read transposed from smem.
+    Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPtNoSwizzle);
+    Tensor tdVrdO = thr_mma_dkv.partition_fragment_B(sdOtNoSwizzle);
+    Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdStNoSwizzle);
+    Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQtNoSwizzle);
+    auto smem_copy_dkv_A = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dkv);
+    auto thr_smem_copy_dkv_A = smem_copy_dkv_A.get_thread_slice(tidx);
+    auto smem_copy_dkv_B = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dkv);
+    auto thr_smem_copy_dkv_B = smem_copy_dkv_B.get_thread_slice(tidx);
+    Tensor tdVsPt = thr_smem_copy_dkv_A.partition_S(sPt);
+    Tensor tdKsdSt = thr_smem_copy_dkv_A.partition_S(sdSt);
+    Tensor tdVsdOt = thr_smem_copy_dkv_B.partition_S(sdOt);
+    Tensor tdKsQt = thr_smem_copy_dkv_B.partition_S(sQt);
+
+    // dQ = dS K
+    TiledMmadQ tiled_mma_dq;
+    auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
+    Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);
+    Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKtNoSwizzle);
+    auto smem_copy_dq_A = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma_dq);
+    auto thr_smem_copy_dq_A = smem_copy_dq_A.get_thread_slice(tidx);
+    auto smem_copy_dq_B = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma_dq);
+    auto thr_smem_copy_dq_B = smem_copy_dq_B.get_thread_slice(tidx);
+    Tensor tdQsdS = thr_smem_copy_dq_A.partition_S(sdS);
+    Tensor tdQsKt = thr_smem_copy_dq_B.partition_S(sKt);
+
+    Tensor coords_s = thr_mma_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor coords_s_rc = make_tensor(coords_s.data(), acc_layout_rowcol(coords_s.layout()));
+    constexpr int kNRows = decltype(size<0>(coords_s_rc))::value;
+
+    // ---- prologue: K, V once; Q and dO of the first query block ----
+    Tensor tKsK = thr_gmem_copy.partition_D(sK);
+    Tensor tVsV = thr_gmem_copy.partition_D(sV);
+    copy_tile(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
+    copy_tile(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
+    load_QdO(m_block_min, 0);
+    cp_async_fence();
+
+    constexpr float kLog2e = 1.4426950408889634f;
+    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+        const int buf = (m_block - m_block_min) & 1;
+        const int row0 = m_block * kBlockM;
+
+        cp_async_wait<0>();
+        __syncthreads();  // Q/dO[buf] landed; every warp is done with the previous block's smem
+        if (m_block + 1 < m_block_max) {
+            load_QdO(m_block + 1, buf ^ 1);
+            cp_async_fence();
+        }
+
+        // S = Q K^T, masked, then P = exp(S * scale - lse).
+        Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        clear(acc_s);
+        gemm_ss(acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, tiled_mma_sdp, smem_copy_sdp_A, smem_copy_sdp_B,
+                thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
+        if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) { mask.apply(acc_s, coords_s, row0, col0); }
+        Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+        float row_dsum[kNRows];
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            const int row = row0 + get<0>(coords_s_rc(mi, 0));
+            // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
+            const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
+            row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(scores); ++ni) {
+                scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse);
+            }
+        }
+
+        // dP = dO V^T; dS = P * (dP - softmax_d).
+        Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        clear(acc_dp);
+        gemm_ss(acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
+                smem_copy_sdp_B, thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
+        Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(dS); ++ni) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - row_dsum[mi]); }
+        }
+
+        Tensor rP = convert_type<Element>(acc_s);
+        Tensor rdS = convert_type<Element>(acc_dp);
+        cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rP), tPsP);
+        cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rdS), tdSsdS);
+        __syncthreads();  // P and dS visible to all warps
+
+        gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, in_buffer(tdVsdOt, buf), tiled_mma_dkv, smem_copy_dkv_A,
+                smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
+        gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), tiled_mma_dkv, smem_copy_dkv_A,
+                smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
+
+        Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        clear(acc_dq);
+        gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, tiled_mma_dq, smem_copy_dq_A, smem_copy_dq_B,
+                thr_smem_copy_dq_A, thr_smem_copy_dq_B);
+        // dq_accum rows are padded to a multiple of kBlockM and columns to kHeadDim: no predicates.
+        Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+        Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+        static_assert(decltype(size<0>(acc_dq))::value == 4);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
+            atomicAdd(&tdQgdQaccum(i), acc_dq(i));
+            atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
+#endif
+        }
+    }
+
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
+    store_dk_dv();
+}
+
+}  // namespace flash

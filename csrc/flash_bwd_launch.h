@@ -1,0 +1,46 @@
+// Backward launch: preprocess -> main kernel -> dq conversion, tile configuration per head dim.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flash.h"
+#include "flash_bwd_kernel.h"
+#include "launch_check.h"
+
+namespace flash {
+
+template <typename Traits>
+void launch_bwd(BwdParams &params, cudaStream_t stream) {
+    using Element = typename Traits::Element;
+    const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
+    flash_bwd_preprocess_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+
+    constexpr int smem_size = Traits::kSmemSize;
+    auto kernel = &flash_bwd_kernel<Traits>;
+    if (smem_size >= 48 * 1024) {
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    }
+    const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+
+    flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+}
+
+// (kBlockM, kBlockN, warps, warps along M for S/dP, along N for dK/dV, along M for dQ).
+template <typename Element, int kHeadDim>
+void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
+    if constexpr (kHeadDim <= 64) {
+        launch_bwd<BwdKernelTraits<kHeadDim, 128, 128, 8, 4, 4, 4, Element>>(params, stream);
+    } else if constexpr (kHeadDim <= 96) {
+        launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 4, Element>>(params, stream);
+    } else if constexpr (kHeadDim <= 128) {
+        launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 2, Element>>(params, stream);
+    } else {
+        launch_bwd<BwdKernelTraits<kHeadDim, 64, 64, 8, 4, 2, 2, Element>>(params, stream);
+    }
+}
+
+}  // namespace flash

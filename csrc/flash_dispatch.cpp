@@ -1,0 +1,118 @@
+// Dispatch from runtime (dtype, head dim) to the compiled instantiations. setup.py defines
+// FLASH_ATTN_BUILT_<dtype>_<hdim> for each configuration it builds; the rest report "not built".
+#include <cstdio>
+#include <string>
+
+#include "flash.h"
+
+namespace flash {
+
+#define FLASH_FOR_EACH_CONFIG(X) \
+    X(fp16, 32) X(fp16, 64) X(fp16, 96) X(fp16, 128) X(fp16, 192) X(fp16, 256) \
+    X(bf16, 32) X(bf16, 64) X(bf16, 96) X(bf16, 128) X(bf16, 192) X(bf16, 256)
+
+#define FLASH_DECLARE(dtype, d)                                            \
+    void run_mha_fwd_##dtype##_hdim##d(FwdParams &params, cudaStream_t stream); \
+    void run_mha_bwd_##dtype##_hdim##d(BwdParams &params, cudaStream_t stream);
+FLASH_FOR_EACH_CONFIG(FLASH_DECLARE)
+#undef FLASH_DECLARE
+
+namespace {
+thread_local std::string g_last_error;
+
+template <typename Params>
+using Runner = void (*)(Params &, cudaStream_t);
+
+struct Entry {
+    bool is_bf16;
+    int d;
+    Runner<FwdParams> fwd;
+    Runner<BwdParams> bwd;
+};
+
+#define FLASH_IS_BF16_fp16 false
+#define FLASH_IS_BF16_bf16 true
+#define FLASH_ENTRY(dtype, d) {FLASH_IS_BF16_##dtype, d, &run_mha_fwd_##dtype##_hdim##d, &run_mha_bwd_##dtype##_hdim##d},
+
+const Entry kEntries[] = {
+#ifdef FLASH_ATTN_BUILT_fp16_32
+    FLASH_ENTRY(fp16, 32)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_64
+    FLASH_ENTRY(fp16, 64)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_96
+    FLASH_ENTRY(fp16, 96)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_128
+    FLASH_ENTRY(fp16, 128)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_192
+    FLASH_ENTRY(fp16, 192)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_256
+    FLASH_ENTRY(fp16, 256)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_32
+    FLASH_ENTRY(bf16, 32)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_64
+    FLASH_ENTRY(bf16, 64)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_96
+    FLASH_ENTRY(bf16, 96)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_128
+    FLASH_ENTRY(bf16, 128)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_192
+    FLASH_ENTRY(bf16, 192)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_256
+    FLASH_ENTRY(bf16, 256)
+#endif
+    {false, 0, nullptr, nullptr},  // sentinel: keeps the array non-empty in a reduced build
+};
+
+const Entry *find(bool is_bf16, int tile) {
+    for (const Entry &e : kEntries) {
+        if (e.fwd != nullptr && e.is_bf16 == is_bf16 && e.d == tile) return &e;
+    }
+    return nullptr;
+}
+}  // namespace
+
+void record_launch_error(cudaError_t err, const char *what, const char *file, int line) {
+    char buf[512];
+    std::snprintf(buf, sizeof(buf), "%s failed: %s (%s:%d)", what, cudaGetErrorString(err), file, line);
+    g_last_error = buf;
+}
+
+const char *last_launch_error() { return g_last_error.c_str(); }
+
+int head_dim_tile(int d) {
+    for (int tile : {32, 64, 96, 128, 192, 256}) {
+        if (d <= tile) return tile;
+    }
+    return -1;
+}
+
+bool is_built(bool is_bf16, int tile) { return find(is_bf16, tile) != nullptr; }
+
+bool run_mha_fwd(FwdParams &params, cudaStream_t stream) {
+    const Entry *e = find(params.is_bf16, params.head_dim_tile);
+    if (e == nullptr) return false;
+    g_last_error.clear();
+    e->fwd(params, stream);
+    return true;
+}
+
+bool run_mha_bwd(BwdParams &params, cudaStream_t stream) {
+    const Entry *e = find(params.is_bf16, params.head_dim_tile);
+    if (e == nullptr) return false;
+    g_last_error.clear();
+    e->bwd(params, stream);
+    return true;
+}
+
+}  // namespace flash

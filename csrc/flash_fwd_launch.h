@@ -1,0 +1,38 @@
+// Forward launch: tile configuration per head-dim tile, grid, shared-memory opt-in, error check.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flash.h"
+#include "flash_fwd_kernel.h"
+#include "launch_check.h"
+
+namespace flash {
+
+template <typename Traits>
+void launch_fwd(FwdParams &params, cudaStream_t stream) {
+    constexpr int smem_size = Traits::kSmemSize;
+    auto kernel = &flash_fwd_kernel<Traits>;
+    if (smem_size >= 48 * 1024) {
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    }
+    const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
+    dim3 grid(num_m_blocks, params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+}
+
+// (kBlockM, kBlockN, warps) per head-dim tile, sized for the 227 KB of shared memory and the
+// register file of sm_80/sm_90 (accumulators for kBlockM x d outputs stay in registers).
+template <typename Element, int kHeadDim>
+void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
+    if constexpr (kHeadDim <= 64) {
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 128, 4, Element>>(params, stream);
+    } else if constexpr (kHeadDim <= 128) {
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 4, Element>>(params, stream);
+    } else {
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 8, Element>>(params, stream);
+    }
+}
+
+}  // namespace flash

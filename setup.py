@@ -1,0 +1,130 @@
+"""Build script for flash_attn.
+
+Kernel selection comes from environment variables so that a developer build of one
+configuration takes a minute or two (see docs/design.md):
+
+    FLASH_ATTN_CUDA_ARCHS   "80;90" (default) -- SM targets to build machine code for
+    FLASH_ATTN_HEAD_DIMS    "32,64,96,128,192,256" (default) -- head-dim tiles to instantiate
+    FLASH_ATTN_DTYPES       "fp16,bf16" (default)
+    FLASH_ATTN_SKIP_CUDA_BUILD=1  -- install the Python package only
+    FLASH_ATTN_PTXAS_VERBOSE=1    -- print registers / spills / shared memory per kernel
+    CUTLASS_PATH            -- CUTLASS headers (a checkout or an include folder); default: the
+                               pinned nvidia-cutlass wheel
+    MAX_JOBS                -- parallel compile jobs (ninja), default: all cores
+
+The C++ standard is torch's own choice (C++17 for torch < 2.9ish, C++20 after); the kernels
+compile under either.
+"""
+import os
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent.resolve()
+CUTLASS_PIN = "nvidia-cutlass==4.2.0.0"
+ALL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+ALL_DTYPES = ("fp16", "bf16")
+
+
+def _env_list(name, default, allowed, cast=str):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return list(default)
+    values = [cast(v) for v in re.split(r"[,;\s]+", raw) if v]
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise SystemExit(f"{name}={raw!r}: {bad} not allowed; choose from {list(allowed)}")
+    return sorted(set(values), key=list(allowed).index)
+
+
+def _cutlass_include():
+    candidates = []
+    if os.environ.get("CUTLASS_PATH"):
+        p = Path(os.environ["CUTLASS_PATH"]).expanduser().resolve()
+        candidates += [p / "include", p]
+    try:
+        import cutlass_library  # the nvidia-cutlass wheel ships the headers here
+
+        candidates.append(Path(cutlass_library.__file__).parent / "source" / "include")
+    except ImportError:
+        pass
+    for c in candidates:
+        if (c / "cute" / "tensor.hpp").exists() and (c / "cutlass" / "cutlass.h").exists():
+            return str(c)
+    raise SystemExit(
+        "flash_attn: CUTLASS/CuTe headers not found. Install them with "
+        f"`pip install {CUTLASS_PIN}` or point CUTLASS_PATH at a CUTLASS checkout "
+        f"(looked in: {[str(c) for c in candidates] or 'nothing: CUTLASS_PATH unset, wheel missing'})."
+    )
+
+
+def _set_cuda_home():
+    """torch guesses CUDA_HOME from `which nvcc`; where nvcc sits outside the toolkit (a
+    /usr/local/bin wrapper), point it at the first folder that has the CUDA headers."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    import glob
+    import shutil
+
+    nvcc = shutil.which("nvcc")
+    guess = Path(nvcc).resolve().parent.parent if nvcc else None
+    if guess and (guess / "include" / "cuda_runtime.h").exists():
+        return
+    for cand in ["/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]:
+        if (Path(cand) / "include" / "cuda_runtime.h").exists() and (Path(cand) / "bin" / "nvcc").exists():
+            os.environ["CUDA_HOME"] = cand
+            return
+
+
+def _extensions():
+    if os.environ.get("FLASH_ATTN_SKIP_CUDA_BUILD", "0") == "1":
+        return [], {}
+    _set_cuda_home()
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+    archs = _env_list("FLASH_ATTN_CUDA_ARCHS", ("80", "90"), ("80", "86", "89", "90"))
+    head_dims = _env_list("FLASH_ATTN_HEAD_DIMS", ALL_HEAD_DIMS, ALL_HEAD_DIMS, int)
+    dtypes = _env_list("FLASH_ATTN_DTYPES", ALL_DTYPES, ALL_DTYPES)
+
+    sources = ["csrc/flash_api.cpp", "csrc/flash_dispatch.cpp"]
+    defines = []
+    for dt in dtypes:
+        for d in head_dims:
+            sources += [f"csrc/instantiations/flash_fwd_hdim{d}_{dt}.cu",
+                        f"csrc/instantiations/flash_bwd_hdim{d}_{dt}.cu"]
+            defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
+
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    nvcc_flags = [
+        "-O3", "--use_fast_math", "--expt-relaxed-constexpr",
+        "--expt-extended-lambda",
+        # torch disables the half operators by default; CUTLASS wants them.
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+        "-DNDEBUG", *gencode,
+    ]
+    if os.environ.get("FLASH_ATTN_PTXAS_VERBOSE", "0") == "1":
+        nvcc_flags += ["-Xptxas=-v"]
+    ext = CUDAExtension(
+        name="flash_attn._C",
+        sources=sources,
+        include_dirs=[str(ROOT / "csrc"), _cutlass_include()],
+        extra_compile_args={"cxx": ["-O3", *defines], "nvcc": nvcc_flags},
+    )
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = _extensions()
+
+setup(
+    name="flash_attn",
+    version="2.8.3",
+    description="FlashAttention written from scratch: fast exact attention as a PyTorch CUDA extension",
+    packages=find_packages(include=["flash_attn", "flash_attn.*"]),
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4"],
+)
