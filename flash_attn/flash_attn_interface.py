@@ -1,0 +1,881 @@
+"""Public FlashAttention-2 interface.
+
+Layers (see docs/design.md):
+
+    flash_attn_func / flash_attn_qkvpacked_func / flash_attn_kvpacked_func
+    -> FlashAttnFunc / FlashAttnQKVPackedFunc / FlashAttnKVPackedFunc (torch.autograd.Function)
+    -> torch.library custom ops flash_attn::_flash_attn_forward / _flash_attn_backward
+    -> the extension module flash_attn._C (fwd / bwd)
+
+The public functions, the autograd Functions and the two private ops keep the names,
+argument order, defaults and return values of upstream flash-attn 2.8.x, so code written
+against upstream runs unchanged.  Features that this build does not implement yet
+(dropout, sliding-window attention, softcapping, ALiBi, the deterministic backward) raise
+NotImplementedError instead of being silently ignored.
+"""
+
+import importlib
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "FlashAttnFunc",
+    "FlashAttnQKVPackedFunc",
+    "FlashAttnKVPackedFunc",
+    "FlashAttnValueError",
+    "FlashAttnTypeError",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# The compiled extension, loaded on first use so that the package (and its input checks)
+# import and work without it, e.g. on a machine without a GPU or with a pure-Python install.
+# ---------------------------------------------------------------------------------------
+
+_C = None
+
+
+def _get_ext():
+    """Return the extension module ``flash_attn._C``, importing it on first use."""
+    global _C
+    if _C is None:
+        try:
+            _C = importlib.import_module("flash_attn._C")
+        except ImportError as e:
+            raise ImportError(
+                "flash_attn: the CUDA extension flash_attn._C could not be imported "
+                f"({type(e).__name__}: {e}). GPU calls need the compiled kernels: build and "
+                "install the package from source without FLASH_ATTN_SKIP_CUDA_BUILD=1 "
+                "(e.g. `pip install --no-build-isolation .`)."
+            ) from e
+    return _C
+
+
+# ---------------------------------------------------------------------------------------
+# Input validation: one function, used by every entry point.  It looks only at metadata
+# (type, rank, dtype, shape, strides, device), never at values, so it works on CPU, meta
+# and fake tensors and does not break torch.compile graphs.
+# ---------------------------------------------------------------------------------------
+
+
+class FlashAttnValueError(ValueError, RuntimeError):
+    """Bad shape, stride, device or argument value.
+
+    Subclasses RuntimeError too, since upstream's C++ checks raise RuntimeError."""
+
+
+class FlashAttnTypeError(TypeError, RuntimeError):
+    """Bad tensor type or dtype.  Subclasses RuntimeError too, like upstream's checks."""
+
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+# "meta" is accepted so that shape inference (meta device, fake tensors) works; the op's
+# fake implementation handles it.  Real computation needs CUDA.
+_ALLOWED_DEVICE_TYPES = ("cuda", "meta")
+_MAX_HEADDIM = 256
+
+
+def _fmt_shape(x):
+    return "(" + ", ".join(str(s) for s in x.shape) + ")"
+
+
+def _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seqlen_k, has_alibi):
+    """Resolve (causal, window_size) exactly as upstream's C++ does and return whether the
+    attention is causal.  Raise NotImplementedError for a real sliding window."""
+    wl, wr = window_size_left, window_size_right
+    if wl >= seqlen_k:
+        wl = -1
+    if wr >= seqlen_k:
+        wr = -1
+    if seqlen_q == 1 and not has_alibi:
+        # With one query row the bottom-right-aligned causal mask hides nothing.
+        causal = False
+    if causal:
+        wr = 0
+    if wl < 0 and wr < 0:
+        return False
+    if wl < 0 and wr == 0:
+        return True
+    raise NotImplementedError(
+        f"flash_attn: window_size=({window_size_left}, {window_size_right}) (sliding-window "
+        "local attention) is not implemented yet in this build; only window_size=(-1, -1), "
+        "or (-1, 0) which is the same as causal=True, is supported"
+    )
+
+
+def _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, deterministic, seqlen_q, seqlen_k):
+    """Raise NotImplementedError for options this build cannot honour; return the effective
+    causal flag."""
+    if dropout_p != 0.0:
+        if not (0.0 <= dropout_p <= 1.0):
+            raise FlashAttnValueError(
+                f"flash_attn: dropout_p must be in [0, 1], got dropout_p={dropout_p}"
+            )
+        raise NotImplementedError(
+            f"flash_attn: dropout_p > 0 is not implemented yet in this build "
+            f"(got dropout_p={dropout_p}); use dropout_p=0.0"
+        )
+    if softcap > 0.0:
+        # As upstream, softcap <= 0 means "no softcapping".
+        raise NotImplementedError(
+            f"flash_attn: softcap > 0 (softcapping) is not implemented yet in this build "
+            f"(got softcap={softcap}); use softcap=0.0"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            "flash_attn: alibi_slopes (ALiBi) is not implemented yet in this build; "
+            "use alibi_slopes=None"
+        )
+    if deterministic:
+        raise NotImplementedError(
+            "flash_attn: deterministic=True (deterministic backward) is not implemented yet "
+            "in this build; use deterministic=False"
+        )
+    return _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seqlen_k,
+                             alibi_slopes is not None)
+
+
+def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
+                  deterministic, qkv=None, kv=None):
+    """Validate the arguments of every public entry point.
+
+    Unpacked: pass q, k, v.  QKV-packed: pass q = k = v = None and qkv.  KV-packed: pass q,
+    k = v = None and kv.  Raises FlashAttnTypeError / FlashAttnValueError (which are also
+    TypeError / ValueError and RuntimeError) naming the offending argument, or
+    NotImplementedError for an option this build does not implement.
+    """
+    if qkv is not None:
+        if not isinstance(qkv, torch.Tensor):
+            raise FlashAttnTypeError(
+                f"flash_attn: qkv must be a torch.Tensor, got {type(qkv).__name__}"
+            )
+        if qkv.dim() != 5 or qkv.shape[2] != 3:
+            raise FlashAttnValueError(
+                "flash_attn: qkv must have shape (batch_size, seqlen, 3, nheads, headdim), "
+                f"got shape {_fmt_shape(qkv)}"
+            )
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        names = ("qkv", "qkv", "qkv")
+    elif kv is not None:
+        if not isinstance(kv, torch.Tensor):
+            raise FlashAttnTypeError(
+                f"flash_attn: kv must be a torch.Tensor, got {type(kv).__name__}"
+            )
+        if kv.dim() != 5 or kv.shape[2] != 2:
+            raise FlashAttnValueError(
+                "flash_attn: kv must have shape (batch_size, seqlen_k, 2, nheads_k, headdim), "
+                f"got shape {_fmt_shape(kv)}"
+            )
+        k, v = kv[:, :, 0], kv[:, :, 1]
+        names = ("q", "kv", "kv")
+    else:
+        names = ("q", "k", "v")
+    tensors = (q, k, v)
+    qn, kn, vn = names
+
+    for x, name in zip(tensors, names):
+        if not isinstance(x, torch.Tensor):
+            raise FlashAttnTypeError(
+                f"flash_attn: {name} must be a torch.Tensor, got {type(x).__name__}"
+            )
+    for x, name in zip(tensors, names):
+        if x.dim() != 4:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} must have 4 dimensions (batch_size, seqlen, nheads, "
+                f"headdim), got {x.dim()} dimensions with shape {_fmt_shape(x)}"
+            )
+    for x, name in zip(tensors, names):
+        if x.dtype not in _SUPPORTED_DTYPES:
+            raise FlashAttnTypeError(
+                f"flash_attn: {name} has dtype {x.dtype}; FlashAttention only supports "
+                "torch.float16 and torch.bfloat16"
+            )
+    for x, name in zip(tensors[1:], names[1:]):
+        if x.dtype != q.dtype:
+            raise FlashAttnTypeError(
+                f"flash_attn: {name} has dtype {x.dtype} but {qn} has dtype {q.dtype}; "
+                "q, k and v must have the same dtype"
+            )
+
+    batch_size, seqlen_q, nheads, headdim = q.shape
+    _, seqlen_k, nheads_k, _ = k.shape
+    if batch_size < 1:
+        raise FlashAttnValueError(
+            f"flash_attn: {qn} has batch size {batch_size}; batch size must be >= 1"
+        )
+    for x, name in zip(tensors[1:], names[1:]):
+        if x.shape[0] != batch_size:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} has batch size {x.shape[0]} but {qn} has batch size "
+                f"{batch_size}; q, k and v must have the same batch size"
+            )
+    if not (1 <= headdim <= _MAX_HEADDIM):
+        raise FlashAttnValueError(
+            f"flash_attn: {qn} has headdim {headdim}; headdim must be between 1 and "
+            f"{_MAX_HEADDIM}"
+        )
+    for x, name in zip(tensors[1:], names[1:]):
+        if x.shape[3] != headdim:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} has headdim {x.shape[3]} but {qn} has headdim {headdim}; "
+                "q, k and v must have the same headdim"
+            )
+    if v.shape != k.shape:
+        raise FlashAttnValueError(
+            f"flash_attn: v must have the same shape as k (batch_size, seqlen_k, nheads_k, "
+            f"headdim), got {vn} shape {_fmt_shape(v)} and {kn} shape {_fmt_shape(k)}"
+        )
+    if seqlen_q < 1:
+        raise FlashAttnValueError(
+            f"flash_attn: {qn} has seqlen {seqlen_q}; seqlen must be >= 1"
+        )
+    if seqlen_k < 1:
+        raise FlashAttnValueError(
+            f"flash_attn: {kn} has seqlen {seqlen_k}; seqlen must be >= 1"
+        )
+    if nheads < 1 or nheads_k < 1:
+        raise FlashAttnValueError(
+            f"flash_attn: nheads must be >= 1, got nheads={nheads} ({qn}) and "
+            f"nheads_k={nheads_k} ({kn})"
+        )
+    if nheads % nheads_k != 0:
+        raise FlashAttnValueError(
+            f"flash_attn: the number of heads in {qn} ({nheads}) must be divisible by the "
+            f"number of heads in {kn} and {vn} (nheads_k={nheads_k})"
+        )
+    # The kernels need a contiguous last dimension.  Checked before the head-dim padding,
+    # which would otherwise hide a bad layout behind a padded copy.
+    for x, name in zip(tensors, names):
+        if x.shape[-1] != 1 and x.stride(-1) != 1:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} must have a contiguous last dimension "
+                f"({name}.stride(-1) == 1), got strides {tuple(x.stride())}; "
+                f"call {name}.contiguous() first"
+            )
+
+    if isinstance(window_size, (str, bytes)) or len(window_size) != 2:
+        raise FlashAttnValueError(
+            f"flash_attn: window_size must be a pair (left, right), got {window_size!r}"
+        )
+    _check_features(dropout_p, causal, window_size[0], window_size[1], softcap, alibi_slopes,
+                    deterministic, seqlen_q, seqlen_k)
+
+    device = q.device
+    if device.type not in _ALLOWED_DEVICE_TYPES:
+        raise FlashAttnValueError(
+            f"flash_attn: {qn} must be on a CUDA device, got device {device}"
+        )
+    for x, name in zip(tensors[1:], names[1:]):
+        if x.device != device:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} is on device {x.device} but {qn} is on device {device}; "
+                "q, k and v must be on the same CUDA device"
+            )
+
+
+# ---------------------------------------------------------------------------------------
+# Custom ops (torch >= 2.4); plain functions on older torch.
+# ---------------------------------------------------------------------------------------
+
+_HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+
+if _HAS_CUSTOM_OP:
+    _torch_custom_op_wrapper = torch.library.custom_op
+    _torch_register_fake_wrapper = torch.library.register_fake
+else:  # torch < 2.4: no custom ops, no torch.compile support
+
+    def _torch_custom_op_wrapper(name, fn=None, /, *, mutates_args, device_types=None,
+                                 schema=None):
+        def wrap(func):
+            return func
+
+        return wrap if fn is None else wrap(fn)
+
+    def _torch_register_fake_wrapper(op, fn=None, /, *, lib=None, _stacklevel=1):
+        def wrap(func):
+            return func
+
+        return wrap if fn is None else wrap(fn)
+
+
+def round_multiple(x, m):
+    return (x + m - 1) // m * m
+
+
+def maybe_contiguous(x):
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def _check_return_softmax(return_softmax):
+    if return_softmax:
+        raise NotImplementedError(
+            "flash_attn: return_softmax=True (S_dmask, only produced with dropout) is not "
+            "implemented yet in this build"
+        )
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_forward", mutates_args=(),
+                          device_types="cuda")
+def _flash_attn_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    return_softmax: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    is_causal = _check_features(dropout_p, causal, window_size_left, window_size_right,
+                                softcap, alibi_slopes, False, q.shape[1], k.shape[1])
+    _check_return_softmax(return_softmax)
+    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    out, softmax_lse = _get_ext().fwd(q, k, v, None, softmax_scale, is_causal)
+    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    # No dropout yet, so there is no Philox seed/offset to record.  Zeros rather than
+    # uninitialised memory, so that the op's outputs are deterministic.
+    rng_state = torch.zeros((2,), dtype=torch.int64, device=q.device)
+    return out, softmax_lse, S_dmask, rng_state
+
+
+@_torch_register_fake_wrapper("flash_attn::_flash_attn_forward")
+def _flash_attn_forward_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    return_softmax: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, False, q.shape[1], k.shape[1])
+    _check_return_softmax(return_softmax)
+    batch_size, seqlen_q, num_heads, head_size = q.shape
+    out = torch.empty((batch_size, seqlen_q, num_heads, head_size), dtype=q.dtype,
+                      device=q.device)
+    softmax_lse = torch.empty((batch_size, num_heads, seqlen_q), dtype=torch.float32,
+                              device=q.device)
+    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
+    return out, softmax_lse, S_dmask, rng_state
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_backward", mutates_args=("dq", "dk", "dv"),
+                          device_types="cuda")
+def _flash_attn_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: Optional[torch.Tensor],
+    dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor],
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    is_causal = _check_features(dropout_p, causal, window_size_left, window_size_right,
+                                softcap, alibi_slopes, deterministic, q.shape[1], k.shape[1])
+    # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
+    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    _, _, _, softmax_d = _get_ext().bwd(
+        dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic
+    )
+    return softmax_d
+
+
+@_torch_register_fake_wrapper("flash_attn::_flash_attn_backward")
+def _flash_attn_backward_fake(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: Optional[torch.Tensor],
+    dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor],
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, deterministic, q.shape[1], k.shape[1])
+    batch_size, seqlen_q, num_heads, _ = q.shape
+    return torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128)),
+                       dtype=torch.float32, device=q.device)
+
+
+if _HAS_CUSTOM_OP:
+    _wrapped_flash_attn_forward = torch.ops.flash_attn._flash_attn_forward
+    _wrapped_flash_attn_backward = torch.ops.flash_attn._flash_attn_backward
+else:
+    _wrapped_flash_attn_forward = _flash_attn_forward
+    _wrapped_flash_attn_backward = _flash_attn_backward
+
+
+# ---------------------------------------------------------------------------------------
+# Autograd Functions
+# ---------------------------------------------------------------------------------------
+
+
+def _pad_to_multiple_of_8(x, head_size_og):
+    """The kernels need headdim % 8 == 0: zero-pad the last dimension (as upstream)."""
+    if head_size_og % 8 != 0:
+        return F.pad(x, [0, 8 - head_size_og % 8])
+    return x
+
+
+def _default_softmax_scale(softmax_scale, head_size_og):
+    # 1 / sqrt(headdim) of the head dim the caller passed, not the padded one.
+    return head_size_og ** (-0.5) if softmax_scale is None else softmax_scale
+
+
+class FlashAttnQKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        qkv,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_softmax,
+        is_grad_enabled,
+    ):
+        _check_inputs(None, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
+                      deterministic, qkv=qkv)
+        is_grad = is_grad_enabled and qkv.requires_grad
+        head_size_og = qkv.shape[-1]
+        softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
+        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
+        q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+        out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
+            q,
+            k,
+            v,
+            dropout_p,
+            softmax_scale,
+            causal=causal,
+            window_size_left=window_size[0],
+            window_size_right=window_size[1],
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            return_softmax=return_softmax and dropout_p > 0,
+        )
+        if is_grad:
+            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
+            ctx.dropout_p = dropout_p
+            ctx.softmax_scale = softmax_scale
+            ctx.causal = causal
+            ctx.window_size = window_size
+            ctx.softcap = softcap
+            ctx.alibi_slopes = alibi_slopes
+            ctx.deterministic = deterministic
+        out = out_padded[..., :head_size_og]
+        return out if not return_softmax else (out, softmax_lse, S_dmask)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+        head_size_og = dout.shape[-1]
+        qkv_shape = q.shape[:-2] + (3, *q.shape[-2:])
+        dqkv = torch.empty(qkv_shape, dtype=q.dtype, device=q.device)
+        _wrapped_flash_attn_backward(
+            _pad_to_multiple_of_8(dout, head_size_og),
+            q,
+            k,
+            v,
+            out,
+            softmax_lse,
+            dqkv[:, :, 0],
+            dqkv[:, :, 1],
+            dqkv[:, :, 2],
+            ctx.dropout_p,
+            ctx.softmax_scale,
+            ctx.causal,
+            ctx.window_size[0],
+            ctx.window_size[1],
+            ctx.softcap,
+            ctx.alibi_slopes,
+            ctx.deterministic,
+            rng_state=rng_state,
+        )
+        dqkv = dqkv[..., :head_size_og]
+        return dqkv, None, None, None, None, None, None, None, None, None
+
+
+class FlashAttnKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        q,
+        kv,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_softmax,
+        is_grad_enabled,
+    ):
+        _check_inputs(q, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
+                      deterministic, kv=kv)
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
+        head_size_og = q.shape[-1]
+        softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
+        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
+        q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+        out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
+            q,
+            k,
+            v,
+            dropout_p,
+            softmax_scale,
+            causal=causal,
+            window_size_left=window_size[0],
+            window_size_right=window_size[1],
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            return_softmax=return_softmax and dropout_p > 0,
+        )
+        if is_grad:
+            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
+            ctx.dropout_p = dropout_p
+            ctx.softmax_scale = softmax_scale
+            ctx.causal = causal
+            ctx.window_size = window_size
+            ctx.softcap = softcap
+            ctx.alibi_slopes = alibi_slopes
+            ctx.deterministic = deterministic
+        out = out_padded[..., :head_size_og]
+        return out if not return_softmax else (out, softmax_lse, S_dmask)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+        head_size_og = dout.shape[-1]
+        dq = torch.empty_like(q)
+        kv_shape = k.shape[:-2] + (2, *k.shape[-2:])
+        dkv = torch.empty(kv_shape, dtype=k.dtype, device=k.device)
+        _wrapped_flash_attn_backward(
+            _pad_to_multiple_of_8(dout, head_size_og),
+            q,
+            k,
+            v,
+            out,
+            softmax_lse,
+            dq,
+            dkv[:, :, 0],
+            dkv[:, :, 1],
+            ctx.dropout_p,
+            ctx.softmax_scale,
+            ctx.causal,
+            ctx.window_size[0],
+            ctx.window_size[1],
+            ctx.softcap,
+            ctx.alibi_slopes,
+            ctx.deterministic,
+            rng_state=rng_state,
+        )
+        dq = dq[..., :head_size_og]
+        dkv = dkv[..., :head_size_og]
+        return dq, dkv, None, None, None, None, None, None, None, None, None
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_softmax,
+        is_grad_enabled,
+    ):
+        _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
+                      deterministic)
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
+        head_size_og = q.shape[-1]
+        softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
+        q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+        out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
+            q,
+            k,
+            v,
+            dropout_p,
+            softmax_scale,
+            causal=causal,
+            window_size_left=window_size[0],
+            window_size_right=window_size[1],
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            return_softmax=return_softmax and dropout_p > 0,
+        )
+        if is_grad:
+            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
+            ctx.dropout_p = dropout_p
+            ctx.softmax_scale = softmax_scale
+            ctx.causal = causal
+            ctx.window_size = window_size
+            ctx.softcap = softcap
+            ctx.alibi_slopes = alibi_slopes
+            ctx.deterministic = deterministic
+        out = out_padded[..., :head_size_og]
+        return out if not return_softmax else (out, softmax_lse, S_dmask)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+        head_size_og = dout.shape[-1]
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _wrapped_flash_attn_backward(
+            _pad_to_multiple_of_8(dout, head_size_og),
+            q,
+            k,
+            v,
+            out,
+            softmax_lse,
+            dq,
+            dk,
+            dv,
+            ctx.dropout_p,
+            ctx.softmax_scale,
+            ctx.causal,
+            ctx.window_size[0],
+            ctx.window_size[1],
+            ctx.softcap,
+            ctx.alibi_slopes,
+            ctx.deterministic,
+            rng_state=rng_state,
+        )
+        dq = dq[..., :head_size_og]
+        dk = dk[..., :head_size_og]
+        dv = dv[..., :head_size_og]
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------
+
+_MASK_DOC = """
+    If causal=True, the causal mask is aligned to the bottom-right corner of the attention
+    matrix: query i sees key j iff j <= i + seqlen_k - seqlen_q.  With seqlen_q = 2 and
+    seqlen_k = 5 the mask (1 = keep, 0 = masked) is
+        1 1 1 1 0
+        1 1 1 1 1
+    and with seqlen_q = 5 and seqlen_k = 2 it is
+        0 0
+        0 0
+        0 0
+        1 0
+        1 1
+    A query row that sees no key gets output 0 (and softmax_lse +inf).
+"""
+
+_COMMON_ARGS_DOC = """
+        dropout_p: float. Dropout probability; use 0.0 for evaluation.
+            (dropout_p > 0 is not implemented in this build yet and raises
+            NotImplementedError.)
+        softmax_scale: float. The scaling of QK^T before the softmax.
+            Defaults to 1 / sqrt(headdim).
+        causal: bool. Whether to apply the causal (auto-regressive) mask.
+        window_size: (left, right). (-1, -1) means an unbounded window. Any other
+            sliding window (other than (-1, 0), which equals causal=True) raises
+            NotImplementedError in this build.
+        softcap: float. A value > 0 turns on softcapping of the scores (not implemented in
+            this build: raises NotImplementedError). 0.0 means off.
+        alibi_slopes: (nheads,) or (batch_size, nheads), fp32. ALiBi bias
+            -alibi_slope * |i + seqlen_k - seqlen_q - j| added to the score of query i and
+            key j (not implemented in this build: raises NotImplementedError).
+        deterministic: bool. Whether to use the deterministic backward pass, which is
+            slower and uses more memory; the forward pass is always deterministic.
+            (Not implemented in this build: True raises NotImplementedError.)
+        return_attn_probs: bool. Whether to also return softmax_lse and S_dmask; for testing
+            only. S_dmask is an empty tensor unless dropout is on.
+    Return:
+        out: (batch_size, seqlen, nheads, headdim).
+        softmax_lse [if return_attn_probs=True]: (batch_size, nheads, seqlen), fp32. The
+            logsumexp of each row of QK^T * softmax_scale (the log of the softmax
+            normalizer).
+        S_dmask [if return_attn_probs=True]: the attention probabilities with the dropout
+            pattern encoded in the sign; an empty tensor when dropout_p == 0.
+"""
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # <= 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    return FlashAttnQKVPackedFunc.apply(
+        qkv,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        torch.is_grad_enabled(),
+    )
+
+
+flash_attn_qkvpacked_func.__doc__ = (
+    """Attention on Q, K, V stacked into one tensor.
+
+    Faster than flash_attn_func on separate Q, K, V in the backward pass, since the
+    gradients of Q, K and V are written into one tensor with no concatenation.  For
+    multi-query and grouped-query attention (MQA/GQA) see flash_attn_kvpacked_func and
+    flash_attn_func.
+"""
+    + _MASK_DOC
+    + """
+    Arguments:
+        qkv: (batch_size, seqlen, 3, nheads, headdim), fp16 or bf16, on a CUDA device.
+"""
+    + _COMMON_ARGS_DOC
+)
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    return FlashAttnKVPackedFunc.apply(
+        q,
+        kv,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        torch.is_grad_enabled(),
+    )
+
+
+flash_attn_kvpacked_func.__doc__ = (
+    """Attention with K and V stacked into one tensor.
+
+    Faster than flash_attn_func on separate K, V in the backward pass, since the gradients
+    of K and V are written into one tensor with no concatenation.  Supports multi-query and
+    grouped-query attention (MQA/GQA): KV may have fewer heads than Q, as long as nheads is
+    divisible by nheads_k.  With 6 query heads and 2 KV heads, query heads 0, 1, 2 use KV
+    head 0 and query heads 3, 4, 5 use KV head 1.
+"""
+    + _MASK_DOC
+    + """
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim), fp16 or bf16, on a CUDA device.
+        kv: (batch_size, seqlen_k, 2, nheads_k, headdim), same dtype and device as q.
+"""
+    + _COMMON_ARGS_DOC
+)
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    return FlashAttnFunc.apply(
+        q,
+        k,
+        v,
+        dropout_p,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        deterministic,
+        return_attn_probs,
+        torch.is_grad_enabled(),
+    )
+
+
+flash_attn_func.__doc__ = (
+    """Scaled dot-product attention softmax(Q K^T * softmax_scale) V, computed without
+    materialising the attention matrix.
+
+    Supports multi-query and grouped-query attention (MQA/GQA): K and V may have fewer heads
+    than Q, as long as nheads is divisible by nheads_k.  With 6 query heads and 2 KV heads,
+    query heads 0, 1, 2 use KV head 0 and query heads 3, 4, 5 use KV head 1.
+"""
+    + _MASK_DOC
+    + """
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim), fp16 or bf16, on a CUDA device, with a
+            contiguous last dimension; headdim <= 256.
+        k: (batch_size, seqlen_k, nheads_k, headdim), same dtype and device as q.
+        v: (batch_size, seqlen_k, nheads_k, headdim), same dtype and device as q.
+"""
+    + _COMMON_ARGS_DOC
+)
