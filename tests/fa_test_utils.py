@@ -1,0 +1,215 @@
+"""Shared helpers for the flash_attn tests: the naive reference, the error rule, and the
+checks that decide whether a GPU test can run here."""
+
+import math
+
+import pytest
+import torch
+
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+# Absolute slack added to the "2x the PyTorch low-precision error" rule.  It only matters
+# where the reference is exact (e.g. one key per query), and is kept tiny.
+OUT_SLACK = 1e-5
+GRAD_SLACK = 1e-4
+# softmax_lse is fp32 in both the kernel and the fp32 reference.
+LSE_ATOL = 2e-3
+LSE_RTOL = 1e-3
+
+
+# ---------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------
+
+
+def causal_visible(seqlen_q, seqlen_k, device=None):
+    """(seqlen_q, seqlen_k) bool: query i sees key j iff j <= i + seqlen_k - seqlen_q
+    (the causal mask aligned to the bottom-right corner)."""
+    row = torch.arange(seqlen_q, device=device).view(-1, 1)
+    col = torch.arange(seqlen_k, device=device).view(1, -1)
+    return col <= row + (seqlen_k - seqlen_q)
+
+
+def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None):
+    """Naive attention softmax(Q K^T * scale + mask) V.
+
+    q: (b, sq, h, d); k, v: (b, sk, hk, d) with h % hk == 0 (GQA/MQA by repeating k/v heads).
+    upcast=True computes in fp32, upcast=False in the input dtype.  Returns
+    (out in q's dtype, lse fp32 (b, h, sq)).  A query row that sees no key gets out = 0 and
+    lse = +inf (the kernel's convention); no NaN is produced, in the forward or the backward.
+    """
+    dtype_og = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = d ** (-0.5) if softmax_scale is None else softmax_scale
+    if h != hk:
+        k = k.repeat_interleave(h // hk, dim=2)
+        v = v.repeat_interleave(h // hk, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
+    if causal:
+        visible = causal_visible(sq, sk, device=q.device)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        row_valid = visible.any(dim=-1, keepdim=True)  # (sq, 1)
+        lse = torch.logsumexp(scores.float(), dim=-1)
+        lse = lse.masked_fill(~row_valid.squeeze(-1), float("inf"))
+        # Rows with no visible key: softmax over zeros (finite), then zeroed.
+        scores = torch.where(row_valid, scores, torch.zeros_like(scores))
+        attn = torch.softmax(scores, dim=-1) * row_valid.to(scores.dtype)
+    else:
+        lse = torch.logsumexp(scores.float(), dim=-1)
+        attn = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
+    return out.to(dtype_og), lse
+
+
+def visible_rows(seqlen_q, seqlen_k, causal, device=None):
+    """(seqlen_q,) bool: the query rows that see at least one key."""
+    if not causal:
+        return torch.ones(seqlen_q, dtype=torch.bool, device=device)
+    return causal_visible(seqlen_q, seqlen_k, device=device).any(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------
+
+
+def max_err(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def assert_close_to_ref(name, ours, ref, ref_lowprec, slack):
+    """The error rule: |ours - ref_fp32|_max <= 2 * |ref_lowprec - ref_fp32|_max + slack."""
+    assert ours.shape == ref.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(ours).any(), f"{name} contains NaN"
+    assert torch.isfinite(ours).all(), f"{name} contains inf"
+    err = max_err(ours, ref)
+    pt_err = max_err(ref_lowprec, ref)
+    bound = 2 * pt_err + slack
+    assert err <= bound, (
+        f"{name}: max abs error vs fp32 reference {err:.3e} > bound {bound:.3e} "
+        f"(2 x PyTorch {ref_lowprec.dtype} error {pt_err:.3e} + {slack:.0e})"
+    )
+
+
+def assert_lse_close(lse, lse_ref, seqlen_q, seqlen_k, causal):
+    assert lse.dtype == torch.float32, f"softmax_lse dtype {lse.dtype}, expected float32"
+    assert lse.shape == lse_ref.shape, f"softmax_lse shape {tuple(lse.shape)} != {tuple(lse_ref.shape)}"
+    assert not torch.isnan(lse).any(), "softmax_lse contains NaN"
+    rows = visible_rows(seqlen_q, seqlen_k, causal, device=lse.device)
+    torch.testing.assert_close(
+        lse[..., rows], lse_ref[..., rows], atol=LSE_ATOL, rtol=LSE_RTOL,
+        msg=lambda m: "softmax_lse mismatch on rows with visible keys:\n" + m,
+    )
+    if not rows.all():
+        masked = lse[..., ~rows]
+        assert torch.isposinf(masked).all(), (
+            "softmax_lse of fully masked rows must be +inf, got values like "
+            f"{masked.flatten()[:4].tolist()}"
+        )
+
+
+def ref_fwd_bwd(q, k, v, dout, causal, softmax_scale=None):
+    """fp32 and low-precision references: ((out, lse, dq, dk, dv), (out_pt, dq_pt, dk_pt, dv_pt)).
+
+    q, k, v must be leaves with requires_grad=True."""
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=True,
+                                     softmax_scale=softmax_scale)
+    grads_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, upcast=False, softmax_scale=softmax_scale)
+    grads_pt = torch.autograd.grad(out_pt, (q, k, v), dout)
+    return (out_ref, lse_ref, *grads_ref), (out_pt, *grads_pt)
+
+
+def check_against_ref(out, lse, grads, q, k, v, dout, causal, softmax_scale=None):
+    """Check out, softmax_lse (if not None) and grads (dq, dk, dv; or None) of our kernel
+    against the references computed from the same q, k, v (leaves requiring grad)."""
+    (out_ref, lse_ref, dq_ref, dk_ref, dv_ref), (out_pt, dq_pt, dk_pt, dv_pt) = ref_fwd_bwd(
+        q, k, v, dout, causal, softmax_scale
+    )
+    assert out.dtype == q.dtype
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    if lse is not None:
+        assert_lse_close(lse, lse_ref, q.shape[1], k.shape[1], causal)
+    if grads is not None:
+        dq, dk, dv = grads
+        assert_close_to_ref("dq", dq, dq_ref, dq_pt, GRAD_SLACK)
+        assert_close_to_ref("dk", dk, dk_ref, dk_pt, GRAD_SLACK)
+        assert_close_to_ref("dv", dv, dv_ref, dv_pt, GRAD_SLACK)
+
+
+# ---------------------------------------------------------------------------------------
+# What can run here
+# ---------------------------------------------------------------------------------------
+
+_EXT = None
+_EXT_ERROR = None
+_EXT_TRIED = False
+
+
+def load_extension():
+    """(module or None, error or None); imports flash_attn._C once."""
+    global _EXT, _EXT_ERROR, _EXT_TRIED
+    if not _EXT_TRIED:
+        _EXT_TRIED = True
+        try:
+            import flash_attn._C as ext  # noqa: F401
+
+            _EXT = ext
+        except ImportError as e:
+            _EXT_ERROR = e
+    return _EXT, _EXT_ERROR
+
+
+def built_configs():
+    ext, _ = load_extension()
+    if ext is None:
+        return set()
+    return {(str(name), int(tile)) for name, tile in ext.built_configs()}
+
+
+def extension_summary():
+    ext, err = load_extension()
+    if ext is None:
+        return f"flash_attn._C: not importable ({err})"
+    return f"flash_attn._C built configs: {sorted(built_configs())}"
+
+
+def round8(d):
+    return (d + 7) // 8 * 8
+
+
+def require_gpu():
+    """Skip unless a CUDA GPU (sm80+) and the extension are available."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    major, _ = torch.cuda.get_device_capability()
+    if major < 8:
+        pytest.skip(f"FlashAttention needs sm80 or newer, this GPU is sm{major}x")
+    ext, err = load_extension()
+    if ext is None:
+        pytest.skip(f"flash_attn._C is not importable ({err}); see test_extension_importable")
+    return ext
+
+
+def require_config(dtype, headdim):
+    """Skip unless the extension has kernels for (dtype, the tile of headdim)."""
+    ext = require_gpu()
+    tile = int(ext.head_dim_tile(round8(headdim)))
+    name = DTYPE_NAMES[dtype]
+    if (name, tile) not in built_configs():
+        pytest.skip(
+            f"this build has no kernels for dtype {name}, head-dim tile {tile} (headdim "
+            f"{headdim}); built: {sorted(built_configs())}"
+        )
+    return ext
+
+
+def randn(*shape, dtype, device="cuda", requires_grad=False):
+    return torch.randn(*shape, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def scale_default(d):
+    return 1.0 / math.sqrt(d)

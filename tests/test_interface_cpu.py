@@ -1,0 +1,742 @@
+"""Tests of the Python layer that run without a GPU (CPU and meta tensors).
+
+They cover the public surface (names, signatures, defaults, op schemas), input validation,
+the NotImplementedError of features not built yet, the fake (meta) implementations of the
+custom ops and their use under torch.compile, and - with the kernel replaced by a CPU
+reference - the head-dim padding, softmax_scale defaulting and gradient plumbing of the
+autograd Functions.
+"""
+
+import inspect
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import flash_attn
+import flash_attn.flash_attn_interface as fi
+from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+
+from fa_test_utils import attention_ref
+
+DEVICES = ["cpu", "meta"]
+
+
+def _t(*shape, device="meta", dtype=torch.float16, requires_grad=False):
+    if device == "meta":
+        return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=requires_grad)
+    return torch.randn(*shape, device=device, dtype=dtype, requires_grad=requires_grad)
+
+
+def _qkv(b=2, sq=17, sk=33, h=6, hk=2, d=64, device="meta", dtype=torch.float16,
+         requires_grad=False):
+    return (
+        _t(b, sq, h, d, device=device, dtype=dtype, requires_grad=requires_grad),
+        _t(b, sk, hk, d, device=device, dtype=dtype, requires_grad=requires_grad),
+        _t(b, sk, hk, d, device=device, dtype=dtype, requires_grad=requires_grad),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Public surface
+# ---------------------------------------------------------------------------------------
+
+
+def test_version_and_exports():
+    assert flash_attn.__version__ == "2.8.3"
+    for name in ("flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"):
+        assert getattr(flash_attn, name) is getattr(fi, name)
+    # Not built yet: must not be exported (a later issue).
+    for name in ("flash_attn_varlen_func", "flash_attn_with_kvcache"):
+        assert not hasattr(flash_attn, name)
+
+
+_COMMON_TAIL = [
+    ("dropout_p", 0.0),
+    ("softmax_scale", None),
+    ("causal", False),
+    ("window_size", (-1, -1)),
+    ("softcap", 0.0),
+    ("alibi_slopes", None),
+    ("deterministic", False),
+    ("return_attn_probs", False),
+]
+
+
+@pytest.mark.parametrize(
+    "fn, head",
+    [
+        (flash_attn_func, ["q", "k", "v"]),
+        (flash_attn_qkvpacked_func, ["qkv"]),
+        (flash_attn_kvpacked_func, ["q", "kv"]),
+    ],
+    ids=["func", "qkvpacked", "kvpacked"],
+)
+def test_public_signatures_match_upstream(fn, head):
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params] == head + [n for n, _ in _COMMON_TAIL]
+    for p in params[: len(head)]:
+        assert p.default is inspect.Parameter.empty
+    for p, (name, default) in zip(params[len(head):], _COMMON_TAIL):
+        assert p.default == default, f"{name}: default {p.default!r} != {default!r}"
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    assert fn.__doc__ and "causal" in fn.__doc__
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+def test_custom_op_schemas_match_upstream():
+    fwd = torch.ops.flash_attn._flash_attn_forward.default._schema
+    assert [a.name for a in fwd.arguments] == [
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
+        "window_size_right", "softcap", "alibi_slopes", "return_softmax",
+    ]
+    assert len(fwd.returns) == 4
+    assert not any(a.alias_info is not None and a.alias_info.is_write for a in fwd.arguments)
+    bwd = torch.ops.flash_attn._flash_attn_backward.default._schema
+    assert [a.name for a in bwd.arguments] == [
+        "dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "dropout_p",
+        "softmax_scale", "causal", "window_size_left", "window_size_right", "softcap",
+        "alibi_slopes", "deterministic", "rng_state",
+    ]
+    mutated = {a.name for a in bwd.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert mutated == {"dq", "dk", "dv"}
+    assert len(bwd.returns) == 1
+
+
+def test_autograd_function_forward_signatures():
+    tail = ["dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes",
+            "deterministic", "return_softmax", "is_grad_enabled"]
+    for cls, head in [
+        (fi.FlashAttnFunc, ["q", "k", "v"]),
+        (fi.FlashAttnQKVPackedFunc, ["qkv"]),
+        (fi.FlashAttnKVPackedFunc, ["q", "kv"]),
+    ]:
+        names = list(inspect.signature(cls.forward).parameters)
+        assert names == ["ctx"] + head + tail, cls.__name__
+
+
+# ---------------------------------------------------------------------------------------
+# Input validation (CPU and meta tensors)
+# ---------------------------------------------------------------------------------------
+
+
+def _bad_case(case, device):
+    """Return (args for flash_attn_func, expected exception type, match regex)."""
+    q, k, v = _qkv(device=device)
+    if case == "dtype_fp32":
+        return (q.float(), k.float(), v.float()), TypeError, r"\bq\b.*float32.*float16.*bfloat16"
+    if case == "dtype_mismatch":
+        return (q, k.to(torch.bfloat16), v), TypeError, r"\bk\b.*dtype.*same dtype"
+    if case == "rank3":
+        return (q[0], k, v), ValueError, r"\bq\b must have 4 dimensions"
+    if case == "rank5_k":
+        return (q, k.unsqueeze(0), v), ValueError, r"\bk\b must have 4 dimensions"
+    if case == "batch_mismatch":
+        return (q, k[:1], v[:1]), ValueError, r"\bk\b has batch size 1 but q has batch size 2"
+    if case == "headdim_mismatch":
+        return (q, k[..., :32], v[..., :32]), ValueError, r"\bk\b has headdim 32 but q has headdim 64"
+    if case == "v_shape_mismatch":
+        return (q, k, v[:, :5]), ValueError, r"\bv\b must have the same shape as k"
+    if case == "headdim_too_large":
+        q, k, v = _qkv(d=264, device=device)
+        return (q, k, v), ValueError, r"\bq\b has headdim 264.*256"
+    if case == "nheads_not_divisible":
+        q, k, v = _qkv(h=6, hk=4, device=device)
+        return (q, k, v), ValueError, r"heads in q \(6\).*divisible.*nheads_k=4"
+    if case == "last_dim_not_contiguous":
+        qt = _t(2, 17, 64, 6, device=device).transpose(-1, -2)
+        return (qt, k, v), ValueError, r"\bq\b must have a contiguous last dimension"
+    if case == "v_last_dim_not_contiguous":
+        vt = _t(2, 33, 64, 2, device=device).transpose(-1, -2)
+        return (q, k, vt), ValueError, r"\bv\b must have a contiguous last dimension"
+    if case == "seqlen_q_zero":
+        return (q[:, :0], k, v), ValueError, r"\bq\b has seqlen 0"
+    if case == "seqlen_k_zero":
+        return (q, k[:, :0], v[:, :0]), ValueError, r"\bk\b has seqlen 0"
+    if case == "batch_zero":
+        return (q[:0], k[:0], v[:0]), ValueError, r"\bq\b has batch size 0"
+    if case == "not_a_tensor":
+        return (q, 3.0, v), TypeError, r"\bk\b must be a torch.Tensor"
+    if case == "window_size_not_pair":
+        return (q, k, v), ValueError, r"window_size must be a pair"
+    raise AssertionError(case)
+
+
+BAD_CASES = [
+    "dtype_fp32", "dtype_mismatch", "rank3", "rank5_k", "batch_mismatch", "headdim_mismatch",
+    "v_shape_mismatch", "headdim_too_large", "nheads_not_divisible", "last_dim_not_contiguous",
+    "v_last_dim_not_contiguous", "seqlen_q_zero", "seqlen_k_zero", "batch_zero", "not_a_tensor",
+    "window_size_not_pair",
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_invalid_inputs_raise(case, device):
+    args, exc, match = _bad_case(case, device)
+    kwargs = {"window_size": (-1, -1, 3)} if case == "window_size_not_pair" else {}
+    with pytest.raises(exc, match=match) as info:
+        flash_attn_func(*args, **kwargs)
+    # Also a RuntimeError, like upstream's C++ checks.
+    assert isinstance(info.value, RuntimeError)
+    assert str(info.value).startswith("flash_attn: ")
+
+
+def test_cpu_tensors_rejected():
+    q, k, v = _qkv(device="cpu")
+    with pytest.raises(ValueError, match=r"^flash_attn: q must be on a CUDA device, got device cpu"):
+        flash_attn_func(q, k, v)
+    qkv = torch.randn(2, 17, 3, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"qkv must be on a CUDA device"):
+        flash_attn_qkvpacked_func(qkv)
+    kv = torch.randn(2, 17, 2, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"\bq\b must be on a CUDA device"):
+        flash_attn_kvpacked_func(qkv[:, :, 0], kv)
+
+
+def test_mixed_devices_rejected():
+    q, _, _ = _qkv(device="meta")
+    _, k, v = _qkv(device="cpu")
+    with pytest.raises(ValueError, match=r"\bk\b is on device cpu but q is on device meta"):
+        flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_layout_validation(device):
+    with pytest.raises(ValueError, match=r"qkv must have shape \(batch_size, seqlen, 3"):
+        flash_attn_qkvpacked_func(_t(2, 17, 2, 4, 64, device=device))
+    with pytest.raises(ValueError, match=r"qkv must have shape"):
+        flash_attn_qkvpacked_func(_t(2, 17, 4, 64, device=device))
+    with pytest.raises(TypeError, match=r"\bqkv\b has dtype torch.float32"):
+        flash_attn_qkvpacked_func(_t(2, 17, 3, 4, 64, device=device, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"\bqkv\b has headdim 512"):
+        flash_attn_qkvpacked_func(_t(2, 17, 3, 4, 512, device=device))
+    q = _t(2, 17, 6, 64, device=device)
+    with pytest.raises(ValueError, match=r"kv must have shape \(batch_size, seqlen_k, 2"):
+        flash_attn_kvpacked_func(q, _t(2, 33, 3, 2, 64, device=device))
+    with pytest.raises(ValueError, match=r"\bkv\b has batch size 3 but q has batch size 2"):
+        flash_attn_kvpacked_func(q, _t(3, 33, 2, 2, 64, device=device))
+    with pytest.raises(ValueError, match=r"heads in q \(6\).*divisible.*nheads_k=4"):
+        flash_attn_kvpacked_func(q, _t(2, 33, 2, 4, 64, device=device))
+    with pytest.raises(ValueError, match=r"\bkv\b must have a contiguous last dimension"):
+        flash_attn_kvpacked_func(q, _t(2, 33, 2, 64, 2, device=device).transpose(-1, -2))
+
+
+# ---------------------------------------------------------------------------------------
+# Features not built yet: NotImplementedError naming the argument
+# ---------------------------------------------------------------------------------------
+
+UNSUPPORTED = [
+    ({"dropout_p": 0.1}, r"dropout_p > 0 is not implemented"),
+    ({"window_size": (4, 4)}, r"window_size=\(4, 4\).*not implemented"),
+    ({"window_size": (-1, 3)}, r"window_size=\(-1, 3\).*not implemented"),
+    ({"window_size": (16, -1)}, r"window_size=\(16, -1\).*not implemented"),
+    ({"window_size": (16, -1), "causal": True}, r"window_size=\(16, -1\).*not implemented"),
+    ({"softcap": 30.0}, r"softcap > 0.*not implemented"),
+    ({"alibi_slopes": "ALIBI"}, r"alibi_slopes.*not implemented"),
+    ({"deterministic": True}, r"deterministic=True.*not implemented"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kwargs, match", UNSUPPORTED,
+                         ids=[next(iter(k)) + str(i) for i, (k, _) in enumerate(UNSUPPORTED)])
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+def test_unsupported_features_raise(variant, kwargs, match, device):
+    kwargs = dict(kwargs)
+    if kwargs.get("alibi_slopes") == "ALIBI":
+        kwargs["alibi_slopes"] = torch.ones(6, dtype=torch.float32, device=device)
+    if variant == "func":
+        q, k, v = _qkv(device=device)
+        call = lambda: flash_attn_func(q, k, v, **kwargs)  # noqa: E731
+    elif variant == "qkvpacked":
+        qkv = _t(2, 33, 3, 6, 64, device=device)
+        call = lambda: flash_attn_qkvpacked_func(qkv, **kwargs)  # noqa: E731
+    else:
+        q = _t(2, 17, 6, 64, device=device)
+        kv = _t(2, 33, 2, 2, 64, device=device)
+        call = lambda: flash_attn_kvpacked_func(q, kv, **kwargs)  # noqa: E731
+    with pytest.raises(NotImplementedError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("dropout_p", [-0.1, 1.5])
+def test_dropout_out_of_range(dropout_p):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\]"):
+        flash_attn_func(q, k, v, dropout_p=dropout_p)
+
+
+@pytest.mark.parametrize(
+    "causal, window_size",
+    [
+        (False, (-1, -1)),
+        (True, (-1, -1)),
+        (False, (-1, 0)),  # the same as causal=True (upstream)
+        (True, (-1, 7)),  # causal overrides the right window (upstream)
+        (False, (33, -1)),  # >= seqlen_k: no limit (upstream)
+        (False, (-1, 33)),
+        (True, (100, 100)),
+        (False, [-1, -1]),  # a list is fine
+    ],
+)
+def test_supported_window_sizes_accepted(causal, window_size):
+    q, k, v = _qkv(sk=33)
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window_size)
+    assert out.shape == q.shape
+
+
+@pytest.mark.parametrize(
+    "causal, window_size, seqlen_q, expected",
+    [
+        (False, (-1, -1), 17, False),
+        (True, (-1, -1), 17, True),
+        (False, (-1, 0), 17, True),
+        (True, (-1, 5), 17, True),
+        (True, (-1, -1), 1, False),  # one query row: causal hides nothing
+        (False, (40, 40), 17, False),
+        (True, (33, -1), 17, True),
+    ],
+)
+def test_effective_causal(causal, window_size, seqlen_q, expected):
+    assert fi._effective_causal(causal, *window_size, seqlen_q, 33, False) is expected
+
+
+def test_softcap_negative_means_off():
+    # As upstream documents, softcap <= 0 means no softcapping.
+    q, k, v = _qkv()
+    assert flash_attn_func(q, k, v, softcap=-1.0).shape == q.shape
+
+
+# ---------------------------------------------------------------------------------------
+# Fake / meta implementations
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [32, 59, 64, 111, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_meta_forward_backward_shapes(d, causal, dtype):
+    q, k, v = _qkv(d=d, dtype=dtype, requires_grad=True)
+    out, lse, S_dmask = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    assert out.shape == q.shape and out.dtype == dtype and out.device.type == "meta"
+    assert lse.shape == (2, 6, 17) and lse.dtype == torch.float32
+    assert S_dmask.shape == (0,)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert dq.dtype == dk.dtype == dv.dtype == dtype
+
+
+def test_meta_packed_shapes():
+    qkv = _t(3, 19, 3, 4, 59, requires_grad=True)
+    out, lse, S = flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    assert out.shape == (3, 19, 4, 59) and lse.shape == (3, 4, 19) and S.numel() == 0
+    (g,) = torch.autograd.grad(out, (qkv,), torch.empty_like(out))
+    assert g.shape == qkv.shape
+    q = _t(3, 19, 4, 59, requires_grad=True)
+    kv = _t(3, 23, 2, 1, 59, requires_grad=True)
+    out = flash_attn_kvpacked_func(q, kv)
+    assert out.shape == q.shape
+    gq, gkv = torch.autograd.grad(out, (q, kv), torch.empty_like(out))
+    assert gq.shape == q.shape and gkv.shape == kv.shape
+
+
+def test_return_attn_probs_tuple_and_plain_output():
+    q, k, v = _qkv()
+    res = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert isinstance(res, tuple) and len(res) == 3
+    out = flash_attn_func(q, k, v)
+    assert isinstance(out, torch.Tensor)
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+def test_fake_ops_on_meta():
+    q, k, v = _qkv(d=64)
+    out, lse, S, rng = torch.ops.flash_attn._flash_attn_forward(
+        q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, False)
+    assert out.shape == q.shape and out.is_contiguous()
+    assert lse.shape == (2, 6, 17) and lse.dtype == torch.float32
+    assert S.shape == (0,) and rng.shape == (2,) and rng.dtype == torch.int64
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    softmax_d = torch.ops.flash_attn._flash_attn_backward(
+        out, q, k, v, out, lse, dq, dk, dv, 0.0, 0.125, True, -1, -1, 0.0, None, False, rng)
+    assert softmax_d.shape == (2, 6, 128) and softmax_d.dtype == torch.float32
+    q2 = _t(1, 200, 2, 64)
+    _, lse2, _, _ = torch.ops.flash_attn._flash_attn_forward(
+        q2, q2, q2, 0.0, 0.125, False, -1, -1, 0.0, None, False)
+    sd2 = torch.ops.flash_attn._flash_attn_backward(
+        q2, q2, q2, q2, q2, lse2, None, None, None, 0.0, 0.125, False, -1, -1, 0.0, None, False)
+    assert sd2.shape == (1, 2, 256)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        torch.ops.flash_attn._flash_attn_forward(q, k, v, 0.1, 0.125, True, -1, -1, 0.0, None, False)
+    with pytest.raises(NotImplementedError, match="return_softmax"):
+        torch.ops.flash_attn._flash_attn_forward(q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, True)
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        torch.ops.flash_attn._flash_attn_backward(
+            out, q, k, v, out, lse, dq, dk, dv, 0.0, 0.125, True, -1, -1, 0.0, None, True, rng)
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_on_meta(causal):
+    q, k, v = _qkv(d=64)
+    torch.library.opcheck(
+        torch.ops.flash_attn._flash_attn_forward.default,
+        (q, k, v, 0.0, 0.125, causal, -1, -1, 0.0, None, False),
+    )
+    out = _t(2, 17, 6, 64)
+    lse = torch.empty(2, 6, 17, device="meta", dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    torch.library.opcheck(
+        torch.ops.flash_attn._flash_attn_backward.default,
+        (out, q, k, v, out, lse, dq, dk, dv, 0.0, 0.125, causal, -1, -1, 0.0, None, False, None),
+    )
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_on_meta(variant, dynamic):
+    """torch.compile(fullgraph=True) traces forward and backward without graph breaks; the
+    aot_eager backend then runs the graphs on meta tensors through the fake kernels."""
+    torch._dynamo.reset()
+    fn = {"func": flash_attn_func, "qkvpacked": flash_attn_qkvpacked_func,
+          "kvpacked": flash_attn_kvpacked_func}[variant]
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    for s, d in [(17, 59), (40, 64)]:
+        if variant == "func":
+            args = _qkv(sq=s, sk=s + 5, d=d, requires_grad=True)
+        elif variant == "qkvpacked":
+            args = (_t(2, s, 3, 4, d, requires_grad=True),)
+        else:
+            args = (_t(2, s, 4, d, requires_grad=True), _t(2, s + 5, 2, 2, d, requires_grad=True))
+        out = compiled(*args, causal=True)
+        b, s_q = args[0].shape[:2]
+        assert out.shape == (b, s_q, args[0].shape[-2], d)
+        grads = torch.autograd.grad(out, args, torch.empty_like(out))
+        for g, a in zip(grads, args):
+            assert g.shape == a.shape
+
+
+# ---------------------------------------------------------------------------------------
+# Padding, softmax_scale defaulting and gradient plumbing, with the kernel replaced by a
+# CPU reference (fp32 math on whatever the autograd Functions hand to the ops).
+# ---------------------------------------------------------------------------------------
+
+
+class _CpuKernel:
+    def __init__(self):
+        self.fwd_calls = []
+        self.bwd_calls = []
+
+    def fwd(self, q, k, v, dropout_p, softmax_scale, causal, window_size_left,
+            window_size_right, softcap, alibi_slopes, return_softmax):
+        is_causal = fi._check_features(dropout_p, causal, window_size_left, window_size_right,
+                                       softcap, alibi_slopes, False, q.shape[1], k.shape[1])
+        self.fwd_calls.append({"headdim": q.shape[-1], "k_headdim": k.shape[-1],
+                               "v_headdim": v.shape[-1], "softmax_scale": softmax_scale,
+                               "causal": is_causal})
+        out, lse = attention_ref(q.float(), k.float(), v.float(), causal=is_causal,
+                                 softmax_scale=softmax_scale)
+        return (out.to(q.dtype), lse, torch.empty(0, dtype=q.dtype),
+                torch.empty(2, dtype=torch.int64))
+
+    def bwd(self, dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
+            causal, window_size_left, window_size_right, softcap, alibi_slopes, deterministic,
+            rng_state=None):
+        is_causal = fi._check_features(dropout_p, causal, window_size_left, window_size_right,
+                                       softcap, alibi_slopes, deterministic, q.shape[1],
+                                       k.shape[1])
+        self.bwd_calls.append({"dout_headdim": dout.shape[-1], "headdim": q.shape[-1],
+                               "softmax_scale": softmax_scale,
+                               "dq_is_view": dq._base is not None})
+        with torch.enable_grad():
+            qf, kf, vf = [x.detach().float().requires_grad_() for x in (q, k, v)]
+            o, _ = attention_ref(qf, kf, vf, causal=is_causal, softmax_scale=softmax_scale)
+            gq, gk, gv = torch.autograd.grad(o, (qf, kf, vf), dout.float())
+        dq.copy_(gq)
+        dk.copy_(gk)
+        dv.copy_(gv)
+        b, sq, h, _ = q.shape
+        return torch.empty(b, h, fi.round_multiple(sq, 128), dtype=torch.float32)
+
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    kernel = _CpuKernel()
+    monkeypatch.setattr(fi, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(fi, "_wrapped_flash_attn_forward", kernel.fwd)
+    monkeypatch.setattr(fi, "_wrapped_flash_attn_backward", kernel.bwd)
+    return kernel
+
+
+def _ref_fp32(q, k, v, causal, softmax_scale, dout):
+    qf, kf, vf = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    out, lse = attention_ref(qf, kf, vf, causal=causal, softmax_scale=softmax_scale)
+    grads = torch.autograd.grad(out, (qf, kf, vf), dout.float())
+    return out, lse, grads
+
+
+def _assert_bf16_close(ours, ref, what):
+    assert ours.dtype == torch.bfloat16, what
+    torch.testing.assert_close(ours.float(), ref.float(), atol=2e-2, rtol=2e-2,
+                               msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("d", [8, 59, 64, 100, 111])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("softmax_scale", [None, 0.3])
+def test_padding_and_scale_func(cpu_kernel, d, causal, softmax_scale):
+    b, sq, sk, h, hk = 2, 13, 21, 4, 2
+    dtype = torch.bfloat16
+    q, k, v = [torch.randn(b, s, n, d, dtype=dtype, requires_grad=True)
+               for s, n in ((sq, h), (sk, hk), (sk, hk))]
+    out, lse, S = flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                  return_attn_probs=True)
+    (call,) = cpu_kernel.fwd_calls
+    d_pad = (d + 7) // 8 * 8
+    assert call["headdim"] == call["k_headdim"] == call["v_headdim"] == d_pad
+    expected_scale = d ** (-0.5) if softmax_scale is None else softmax_scale
+    assert call["softmax_scale"] == expected_scale  # from the unpadded headdim
+    assert call["causal"] is causal
+    assert out.shape == q.shape and S.numel() == 0
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    (bcall,) = cpu_kernel.bwd_calls
+    assert bcall["dout_headdim"] == d_pad and bcall["headdim"] == d_pad
+    assert bcall["softmax_scale"] == expected_scale
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+    out_ref, lse_ref, (dq_ref, dk_ref, dv_ref) = _ref_fp32(q, k, v, causal, expected_scale, dout)
+    _assert_bf16_close(out, out_ref, "out")
+    rows = torch.ones(sq, dtype=torch.bool)
+    torch.testing.assert_close(lse[..., rows], lse_ref[..., rows], atol=1e-4, rtol=1e-4)
+    _assert_bf16_close(dq, dq_ref, "dq")
+    _assert_bf16_close(dk, dk_ref, "dk")
+    _assert_bf16_close(dv, dv_ref, "dv")
+
+
+@pytest.mark.parametrize("d", [59, 64])
+def test_padding_and_grads_qkvpacked(cpu_kernel, d):
+    qkv = torch.randn(2, 13, 3, 4, d, dtype=torch.bfloat16, requires_grad=True)
+    out = flash_attn_qkvpacked_func(qkv, causal=True)
+    assert cpu_kernel.fwd_calls[0]["softmax_scale"] == d ** (-0.5)
+    dout = torch.randn_like(out)
+    (dqkv,) = torch.autograd.grad(out, (qkv,), dout)
+    assert dqkv.shape == qkv.shape
+    assert cpu_kernel.bwd_calls[0]["dq_is_view"]  # dq/dk/dv are views into one dqkv buffer
+    q, k, v = qkv.unbind(2)
+    out_ref, _, (dq_ref, dk_ref, dv_ref) = _ref_fp32(q, k, v, True, None, dout)
+    _assert_bf16_close(out, out_ref, "out")
+    _assert_bf16_close(dqkv[:, :, 0], dq_ref, "dq")
+    _assert_bf16_close(dqkv[:, :, 1], dk_ref, "dk")
+    _assert_bf16_close(dqkv[:, :, 2], dv_ref, "dv")
+
+
+@pytest.mark.parametrize("d", [59, 64])
+def test_padding_and_grads_kvpacked(cpu_kernel, d):
+    q = torch.randn(2, 13, 6, d, dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.randn(2, 19, 2, 2, d, dtype=torch.bfloat16, requires_grad=True)
+    out = flash_attn_kvpacked_func(q, kv)
+    assert cpu_kernel.fwd_calls[0]["softmax_scale"] == d ** (-0.5)
+    dout = torch.randn_like(out)
+    dq, dkv = torch.autograd.grad(out, (q, kv), dout)
+    assert dq.shape == q.shape and dkv.shape == kv.shape
+    k, v = kv.unbind(2)
+    out_ref, _, (dq_ref, dk_ref, dv_ref) = _ref_fp32(q, k, v, False, None, dout)
+    _assert_bf16_close(out, out_ref, "out")
+    _assert_bf16_close(dq, dq_ref, "dq")
+    _assert_bf16_close(dkv[:, :, 0], dk_ref, "dk")
+    _assert_bf16_close(dkv[:, :, 1], dv_ref, "dv")
+
+
+def test_saves_for_backward_only_when_needed(cpu_kernel):
+    q, k, v = [torch.randn(1, 5, 2, 16, dtype=torch.bfloat16) for _ in range(3)]
+    out = flash_attn_func(q, k, v)
+    assert out.grad_fn is None
+    q.requires_grad_()
+    out = flash_attn_func(q, k, v)
+    assert out.grad_fn is not None and len(out.grad_fn.saved_tensors) == 6
+    with torch.no_grad():
+        out = flash_attn_func(q, k, v)
+    assert out.grad_fn is None and not out.requires_grad
+
+
+def test_cpu_kernel_masked_rows_give_zero(cpu_kernel):
+    # seqlen_q > seqlen_k with causal: the first rows see no key.
+    q = torch.randn(1, 7, 2, 16, dtype=torch.bfloat16)
+    k = torch.randn(1, 3, 2, 16, dtype=torch.bfloat16)
+    out, lse, _ = flash_attn_func(q, k, k.clone(), causal=True, return_attn_probs=True)
+    assert torch.all(out[:, :4] == 0)
+    assert torch.isposinf(lse[..., :4]).all()
+    assert torch.isfinite(lse[..., 4:]).all()
+
+
+# ---------------------------------------------------------------------------------------
+# The reference itself
+# ---------------------------------------------------------------------------------------
+
+
+def test_attention_ref_matches_sdpa():
+    q = torch.randn(2, 9, 4, 16)
+    k = torch.randn(2, 9, 4, 16)
+    v = torch.randn(2, 9, 4, 16)
+    out, _ = attention_ref(q, k, v, causal=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_ref_gqa_and_bottom_right_causal():
+    q = torch.randn(1, 2, 4, 8)
+    k = torch.randn(1, 5, 2, 8)
+    v = torch.randn(1, 5, 2, 8)
+    out, lse = attention_ref(q, k, v, causal=True)
+    # query 0 sees keys 0..3, query 1 sees keys 0..4; head 3 uses kv head 1.
+    s = (q[0, 0, 3] @ k[0, :4, 1].T) / math.sqrt(8)
+    torch.testing.assert_close(out[0, 0, 3], torch.softmax(s, -1) @ v[0, :4, 1])
+    torch.testing.assert_close(lse[0, 3, 0], torch.logsumexp(s, -1))
+
+
+# ---------------------------------------------------------------------------------------
+# Without the extension
+# ---------------------------------------------------------------------------------------
+
+
+def test_missing_extension_gives_clear_import_error(monkeypatch):
+    monkeypatch.setattr(fi, "_C", None)
+    monkeypatch.setitem(sys.modules, "flash_attn._C", None)  # makes the import fail
+    with pytest.raises(ImportError, match=r"flash_attn\._C could not be imported"):
+        fi._get_ext()
+
+
+def test_package_imports_without_extension():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["flash_attn._C"] = None  # simulate a build without kernels
+        import torch, flash_attn
+        from flash_attn import flash_attn_func
+        q = torch.empty(1, 4, 2, 64, device="meta", dtype=torch.float16)
+        assert flash_attn_func(q, q, q).shape == q.shape
+        c = torch.randn(1, 4, 2, 64, dtype=torch.float16)
+        try:
+            flash_attn_func(c, c, c)
+        except ValueError as e:
+            assert "CUDA device" in str(e)
+        else:
+            raise AssertionError("CPU tensors accepted")
+        print("ok")
+        """
+    )
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(flash_attn.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------
+# The GPU tests' error rule, exercised on CPU with an emulation of a FlashAttention kernel's
+# numerics (fp32 scores and accumulators, P and dS rounded to the input dtype before the
+# second GEMMs).  It must accept such a kernel on the sweep's edge shapes and reject a
+# slightly wrong one.
+# ---------------------------------------------------------------------------------------
+
+
+class _FlashLikeCpuKernel:
+    def __init__(self, scale_error=1.0):
+        self.scale_error = scale_error
+
+    def _scores(self, q, k, softmax_scale, is_causal):
+        h, hk = q.shape[2], k.shape[2]
+        kf = k.float().repeat_interleave(h // hk, dim=2)
+        s = torch.einsum("bthd,bshd->bhts", q.float(), kf) * (softmax_scale * self.scale_error)
+        if is_causal:
+            from fa_test_utils import causal_visible
+
+            s = s.masked_fill(~causal_visible(q.shape[1], k.shape[1]), float("-inf"))
+        return s
+
+    def fwd(self, q, k, v, dropout_p, softmax_scale, causal, window_size_left,
+            window_size_right, softcap, alibi_slopes, return_softmax):
+        is_causal = fi._effective_causal(causal, window_size_left, window_size_right,
+                                         q.shape[1], k.shape[1], False)
+        h, hk = q.shape[2], k.shape[2]
+        s = self._scores(q, k, softmax_scale, is_causal)
+        m = s.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        p = torch.exp(s - m)
+        l = p.sum(dim=-1, keepdim=True)
+        vf = v.float().repeat_interleave(h // hk, dim=2)
+        acc = torch.einsum("bhts,bshd->bthd", p.to(q.dtype).float(), vf)
+        l_t = l.squeeze(-1).transpose(1, 2).unsqueeze(-1)  # (b, t, h, 1)
+        out = torch.where(l_t > 0, acc / l_t, torch.zeros_like(acc)).to(q.dtype)
+        lse = (m + torch.log(l)).squeeze(-1)
+        lse = torch.where(l.squeeze(-1) > 0, lse, torch.full_like(lse, float("inf")))
+        return out, lse, torch.empty(0, dtype=q.dtype), torch.zeros(2, dtype=torch.int64)
+
+    def bwd(self, dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
+            causal, window_size_left, window_size_right, softcap, alibi_slopes, deterministic,
+            rng_state=None):
+        is_causal = fi._effective_causal(causal, window_size_left, window_size_right,
+                                         q.shape[1], k.shape[1], False)
+        b, sq, h, d = q.shape
+        hk = k.shape[2]
+        scale = softmax_scale * self.scale_error
+        s = self._scores(q, k, softmax_scale, is_causal)
+        lse = softmax_lse.unsqueeze(-1)
+        p = torch.where(torch.isinf(lse), torch.zeros_like(s), torch.exp(s - lse))
+        vf = v.float().repeat_interleave(h // hk, dim=2)
+        kf = k.float().repeat_interleave(h // hk, dim=2)
+        do = dout.float()
+        dp = torch.einsum("bthd,bshd->bhts", do, vf)
+        D = (do * out.float()).sum(-1).transpose(1, 2).unsqueeze(-1)  # (b, h, t, 1)
+        ds = p * (dp - D)
+        dv_e = torch.einsum("bhts,bthd->bshd", p.to(q.dtype).float(), do)
+        dq_e = torch.einsum("bhts,bshd->bthd", ds.to(q.dtype).float(), kf) * scale
+        dk_e = torch.einsum("bhts,bthd->bshd", ds.to(q.dtype).float(), q.float()) * scale
+        g = h // hk
+        dk.copy_(dk_e.view(b, -1, hk, g, d).sum(3))
+        dv.copy_(dv_e.view(b, -1, hk, g, d).sum(3))
+        dq.copy_(dq_e)
+        return torch.empty(b, h, fi.round_multiple(sq, 128), dtype=torch.float32)
+
+
+def _install(monkeypatch, kernel):
+    monkeypatch.setattr(fi, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(fi, "_wrapped_flash_attn_forward", kernel.fwd)
+    monkeypatch.setattr(fi, "_wrapped_flash_attn_backward", kernel.bwd)
+
+
+def _run_emulated(dtype, d, sq, sk, causal, b, h, hk):
+    from fa_test_utils import check_against_ref
+
+    q = torch.randn(b, sq, h, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, dtype=dtype, requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_against_ref(out, lse, grads, q, k, v, dout, causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [32, 59, 128])
+@pytest.mark.parametrize("sq, sk", [(1, 1), (17, 113), (113, 203), (239, 1), (64, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_error_rule_accepts_flash_like_numerics(monkeypatch, dtype, d, sq, sk, causal):
+    _install(monkeypatch, _FlashLikeCpuKernel())
+    _run_emulated(dtype, d, sq, sk, causal, 2, 4, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_error_rule_rejects_wrong_kernel(monkeypatch, dtype):
+    _install(monkeypatch, _FlashLikeCpuKernel(scale_error=1.02))
+    with pytest.raises(AssertionError, match=r"out: max abs error"):
+        _run_emulated(dtype, 64, 113, 203, True, 2, 4, 2)
