@@ -1,0 +1,531 @@
+"""GPU tests of flash_attn against a naive reference.
+
+Every test here skips cleanly without a CUDA GPU, without the compiled extension, or when
+the build left out the (dtype, head-dim tile) it needs.  The error rule (fa_test_utils):
+|ours - ref_fp32|_max <= 2 * |ref_lowprec - ref_fp32|_max + tiny slack, for out, dq, dk, dv;
+softmax_lse against the fp32 logsumexp.
+
+Default set: the sweep over dtype x headdim x (seqlen_q, seqlen_k) x causal with batch and
+MHA/GQA/MQA crossed partially, long sequences for a few head dims, and the feature tests.
+The full product (batch x head layout) is marked slow: FLASH_ATTN_TEST_FULL=1.
+"""
+
+import pytest
+import torch
+
+import flash_attn.flash_attn_interface as fi
+from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+
+from fa_test_utils import (
+    DTYPE_NAMES,
+    GRAD_SLACK,
+    OUT_SLACK,
+    attention_ref,
+    assert_close_to_ref,
+    assert_lse_close,
+    built_configs,
+    check_against_ref,
+    load_extension,
+    max_err,
+    ref_fwd_bwd,
+    require_config,
+    require_gpu,
+)
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+HEAD_DIMS = [32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256]
+SEQLENS = [(1, 1), (17, 113), (113, 203), (128, 217), (239, 1), (512, 256), (1023, 1024)]
+LONG_SEQLENS = [(2048, 2048), (4096, 4096)]
+# (batch, nheads, nheads_k): MHA, GQA and MQA, each with batch 1 and 3.
+HEAD_LAYOUTS = [(1, 4, 4), (3, 6, 2), (1, 4, 1), (3, 2, 2), (1, 6, 3), (3, 3, 1)]
+
+
+def _layout_id(b, h, hk):
+    kind = "mha" if h == hk else ("mqa" if hk == 1 else "gqa")
+    return f"b{b}-{kind}{h}x{hk}"
+
+
+def _case_id(dtype, d, sq, sk, causal, b, h, hk):
+    return (f"{DTYPE_NAMES[dtype]}-d{d}-sq{sq}-sk{sk}-{'causal' if causal else 'full'}-"
+            f"{_layout_id(b, h, hk)}")
+
+
+def _fast_cases():
+    """The product dtype x headdim x seqlens x causal, with the head layout rotated so that
+    every (dtype, causal) pair meets every layout, each headdim meets every layout, and each
+    seqlen pair meets every layout."""
+    cases = []
+    for di, dtype in enumerate(DTYPES):
+        for hi, d in enumerate(HEAD_DIMS):
+            for si, (sq, sk) in enumerate(SEQLENS):
+                for causal in (False, True):
+                    b, h, hk = HEAD_LAYOUTS[(hi + si + 2 * causal + 3 * di) % len(HEAD_LAYOUTS)]
+                    cases.append(pytest.param(dtype, d, sq, sk, causal, b, h, hk,
+                                              id=_case_id(dtype, d, sq, sk, causal, b, h, hk)))
+    return cases
+
+
+def _long_cases():
+    cases = []
+    for dtype in DTYPES:
+        for d in (64, 128):
+            for sq, sk in LONG_SEQLENS:
+                for causal in (False, True):
+                    b, h, hk = (1, 2, 2) if causal else (1, 2, 1)
+                    cases.append(pytest.param(dtype, d, sq, sk, causal, b, h, hk,
+                                              id=_case_id(dtype, d, sq, sk, causal, b, h, hk)))
+    return cases
+
+
+def _full_cases():
+    cases = []
+    layouts = [(b, h, hk) for b in (1, 3) for (h, hk) in ((4, 4), (6, 2), (4, 1))]
+    for dtype in DTYPES:
+        for d in HEAD_DIMS:
+            for sq, sk in SEQLENS:
+                for causal in (False, True):
+                    for b, h, hk in layouts:
+                        cases.append(pytest.param(dtype, d, sq, sk, causal, b, h, hk,
+                                                  id=_case_id(dtype, d, sq, sk, causal, b, h, hk)))
+            for sq, sk in LONG_SEQLENS:
+                for causal in (False, True):
+                    for h, hk in ((4, 4), (6, 2), (4, 1)):
+                        cases.append(pytest.param(dtype, d, sq, sk, causal, 1, h, hk,
+                                                  id=_case_id(dtype, d, sq, sk, causal, 1, h, hk)))
+    return cases
+
+
+def _run_case(dtype, d, sq, sk, causal, b, h, hk, softmax_scale=None):
+    require_config(dtype, d)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    out, lse, S_dmask = flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                        return_attn_probs=True)
+    assert S_dmask.numel() == 0
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_against_ref(out, lse, grads, q, k, v, dout, causal, softmax_scale)
+
+
+# ---------------------------------------------------------------------------------------
+# Sweeps
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk", _fast_cases())
+def test_flash_attn_output(dtype, d, sq, sk, causal, b, h, hk):
+    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk", _long_cases())
+def test_flash_attn_output_long(dtype, d, sq, sk, causal, b, h, hk):
+    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk", _full_cases())
+def test_flash_attn_output_full(dtype, d, sq, sk, causal, b, h, hk):
+    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "sq, sk",
+    [(1, 1024), (1024, 1), (3, 1000), (128, 128), (256, 128), (64, 2048)],
+)
+def test_flash_attn_edge_shapes(sq, sk, causal):
+    # Decoding (one query), one key, tile-aligned and tile-boundary shapes.
+    _run_case(torch.bfloat16, 128, sq, sk, causal, 2, 4, 2)
+
+
+@pytest.mark.parametrize("d", [59, 128])
+@pytest.mark.parametrize("softmax_scale", [0.3, 1.0])
+def test_flash_attn_softmax_scale(d, softmax_scale):
+    _run_case(torch.float16, d, 97, 131, True, 2, 4, 4, softmax_scale=softmax_scale)
+
+
+# ---------------------------------------------------------------------------------------
+# Packed variants against the unpacked function
+# ---------------------------------------------------------------------------------------
+
+
+def _assert_matches_unpacked(name, ours, unpacked, ref, ref_lowprec, slack):
+    """Packed results must pass the reference rule and agree with the unpacked function to
+    within the same bound."""
+    assert_close_to_ref(name, ours, ref, ref_lowprec, slack)
+    bound = 2 * max_err(ref_lowprec, ref) + slack
+    err = max_err(ours, unpacked)
+    assert err <= bound, f"{name}: packed vs unpacked differ by {err:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [59, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_qkvpacked(dtype, d, causal):
+    require_config(dtype, d)
+    b, s, h = 2, 203, 4
+    qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    out, lse, S = flash_attn_qkvpacked_func(qkv, causal=causal, return_attn_probs=True)
+    assert S.numel() == 0
+    dout = torch.randn_like(out)
+    (dqkv,) = torch.autograd.grad(out, (qkv,), dout)
+    assert dqkv.shape == qkv.shape
+
+    q, k, v = [x.detach().clone().requires_grad_() for x in qkv.unbind(2)]
+    out_u = flash_attn_func(q, k, v, causal=causal)
+    grads_u = torch.autograd.grad(out_u, (q, k, v), dout)
+    (out_ref, lse_ref, *grads_ref), (out_pt, *grads_pt) = ref_fwd_bwd(q, k, v, dout, causal)
+    _assert_matches_unpacked("out", out, out_u, out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(lse, lse_ref, s, s, causal)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        _assert_matches_unpacked(name, dqkv[:, :, i], grads_u[i], grads_ref[i], grads_pt[i],
+                                 GRAD_SLACK)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [59, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_kvpacked(dtype, d, causal):
+    require_config(dtype, d)
+    b, sq, sk, h, hk = 2, 113, 203, 6, 2
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    kv = torch.randn(b, sk, 2, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    out, lse, S = flash_attn_kvpacked_func(q, kv, causal=causal, return_attn_probs=True)
+    assert S.numel() == 0
+    dout = torch.randn_like(out)
+    dq, dkv = torch.autograd.grad(out, (q, kv), dout)
+    assert dq.shape == q.shape and dkv.shape == kv.shape
+
+    q2 = q.detach().clone().requires_grad_()
+    k, v = [x.detach().clone().requires_grad_() for x in kv.unbind(2)]
+    out_u = flash_attn_func(q2, k, v, causal=causal)
+    grads_u = torch.autograd.grad(out_u, (q2, k, v), dout)
+    (out_ref, lse_ref, *grads_ref), (out_pt, *grads_pt) = ref_fwd_bwd(q2, k, v, dout, causal)
+    _assert_matches_unpacked("out", out, out_u, out_ref, out_pt, OUT_SLACK)
+    for ours, i, name in ((dq, 0, "dq"), (dkv[:, :, 0], 1, "dk"), (dkv[:, :, 1], 2, "dv")):
+        _assert_matches_unpacked(name, ours, grads_u[i], grads_ref[i], grads_pt[i], GRAD_SLACK)
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts
+# ---------------------------------------------------------------------------------------
+
+
+def _strided(shape, layout, dtype):
+    """A leaf tensor of `shape` (b, s, h, d) with the given non-contiguous layout and a
+    contiguous last dimension."""
+    b, s, h, d = shape
+    if layout == "batch":
+        big = torch.randn(2 * b, s, h, d, device="cuda", dtype=dtype)[::2]
+    elif layout == "seq":
+        big = torch.randn(b, 2 * s, h, d, device="cuda", dtype=dtype)[:, ::2]
+    elif layout == "heads":
+        big = torch.randn(b, s, 2 * h, d, device="cuda", dtype=dtype)[:, :, ::2]
+    elif layout == "headdim_slice":
+        big = torch.randn(b, s, h, d + 16, device="cuda", dtype=dtype)[..., :d]
+    elif layout == "bhsd_transposed":
+        big = torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+    else:
+        raise AssertionError(layout)
+    x = big.detach().requires_grad_()  # detach keeps the strides
+    assert x.shape == shape and x.stride(-1) == 1 and not x.is_contiguous()
+    return x
+
+
+@pytest.mark.parametrize("layout", ["batch", "seq", "heads", "headdim_slice", "bhsd_transposed"])
+@pytest.mark.parametrize("d", [59, 64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_noncontiguous(layout, d, causal):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    b, sq, sk, h, hk = 2, 113, 203, 4, 2
+    q = _strided((b, sq, h, d), layout, dtype)
+    k = _strided((b, sk, hk, d), layout, dtype)
+    v = _strided((b, sk, hk, d), layout, dtype)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_against_ref(out, lse, grads, q, k, v, dout, causal)
+
+
+@pytest.mark.parametrize("dout_layout", ["expanded", "transposed"])
+@pytest.mark.parametrize("d", [59, 64])
+def test_flash_attn_noncontiguous_dout(dout_layout, d):
+    dtype = torch.float16
+    require_config(dtype, d)
+    b, s, h = 2, 129, 4
+    q, k, v = [torch.randn(b, s, h, d, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3)]
+    out = flash_attn_func(q, k, v, causal=True)
+    if dout_layout == "expanded":  # what out.sum().backward() produces: all strides 0
+        dout = torch.ones((), device="cuda", dtype=dtype).expand_as(out)
+    else:
+        dout = torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_against_ref(out, None, grads, q, k, v, dout, True)
+
+
+# ---------------------------------------------------------------------------------------
+# Streams and devices
+# ---------------------------------------------------------------------------------------
+
+
+def _fwd_bwd(q, k, v, dout, **kw):
+    q, k, v = [x.detach().requires_grad_() for x in (q, k, v)]
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    return out, lse, dq, dk, dv
+
+
+def test_side_stream():
+    """The kernels run on the current stream: inputs written on a side stream after a long
+    sleep must be seen, and the results match the default-stream ones."""
+    dtype = torch.bfloat16
+    require_config(dtype, 128)
+    b, s, h, d = 2, 1024, 4, 128
+    src = [torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(4)]
+    ref = _fwd_bwd(*src[:3], src[3], causal=True)
+    torch.cuda.synchronize()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        bufs = [torch.empty_like(x) for x in src]
+        torch.cuda._sleep(200_000_000)  # make a stream mix-up show as stale inputs
+        for dst, x in zip(bufs, src):
+            dst.copy_(x)
+        res = _fwd_bwd(*bufs[:3], bufs[3], causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    names = ("out", "lse", "dq", "dk", "dv")
+    for name, a, r in zip(names, res, ref):
+        if name == "dq":  # dq may be accumulated with atomics
+            assert max_err(a, r) <= 1e-2 * r.float().abs().max().item(), name
+        else:
+            assert torch.equal(a, r), f"{name} differs between the side stream and the default stream"
+
+
+def test_second_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs at least 2 CUDA devices")
+    dtype = torch.float16
+    require_config(dtype, 64)
+    assert torch.cuda.current_device() == 0
+    dev = torch.device("cuda:1")
+    b, sq, sk, h, hk, d = 2, 257, 300, 4, 2, 64
+    q = torch.randn(b, sq, h, d, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device=dev, dtype=dtype, requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.device == dev and lse.device == dev
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert all(g.device == dev for g in grads)
+    check_against_ref(out, lse, grads, q, k, v, dout, True)
+    # Mixed devices are rejected with a clear error.
+    with pytest.raises(ValueError, match=r"\bk\b is on device cuda:0 but q is on device cuda:1"):
+        flash_attn_func(q, k.detach().to("cuda:0"), v.detach().to("cuda:0"))
+
+
+# ---------------------------------------------------------------------------------------
+# Determinism, options, autograd modes
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("hk", [4, 1], ids=["mha", "mqa"])
+def test_repeated_runs_bitwise_equal(d, hk):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    b, s, h = 2, 1024, 4
+    q = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, s, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, s, hk, d, device="cuda", dtype=dtype)
+    dout = torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    first = _fwd_bwd(q, k, v, dout, causal=True)
+    for _ in range(3):
+        again = _fwd_bwd(q, k, v, dout, causal=True)
+        for name, a, r in zip(("out", "lse", "dq", "dk", "dv"), again, first):
+            if name == "dq":  # may be accumulated with atomics
+                continue
+            assert torch.equal(a, r), f"{name} differs between repeated runs"
+
+
+def test_deterministic_backward_not_implemented():
+    require_config(torch.float16, 64)
+    q, k, v = [torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+               for _ in range(3)]
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        flash_attn_func(q, k, v, deterministic=True)
+
+
+def test_return_attn_probs():
+    dtype = torch.float16
+    require_config(dtype, 64)
+    b, sq, sk, h, d = 2, 77, 129, 4, 64
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    res = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert isinstance(res, tuple) and len(res) == 3
+    out, lse, S_dmask = res
+    assert S_dmask.numel() == 0 and S_dmask.device == q.device
+    assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
+    out_plain = flash_attn_func(q, k, v, causal=True)
+    assert isinstance(out_plain, torch.Tensor) and torch.equal(out_plain, out)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=True)
+    torch.testing.assert_close(lse, lse_ref, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "causal, window_size",
+    [(False, (-1, 0)), (True, (-1, 5)), (False, (300, -1)), (True, (300, 300))],
+)
+def test_window_sizes_equivalent_to_full_or_causal(causal, window_size):
+    dtype = torch.bfloat16
+    require_config(dtype, 64)
+    b, sq, sk, h, d = 2, 150, 200, 2, 64
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window_size)
+    expect_causal = fi._effective_causal(causal, *window_size, sq, sk, False)
+    assert torch.equal(out, flash_attn_func(q, k, v, causal=expect_causal))
+
+
+def test_no_grad_and_inference_mode():
+    dtype = torch.float16
+    require_config(dtype, 64)
+    q, k, v = [torch.randn(1, 64, 2, 64, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3)]
+    with torch.no_grad():
+        out = flash_attn_func(q, k, v)
+    assert out.grad_fn is None and not out.requires_grad
+    with torch.inference_mode():
+        out2 = flash_attn_func(q.detach(), k.detach(), v.detach())
+    assert torch.equal(out, out2)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile and the custom ops
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+@pytest.mark.parametrize("d", [59, 128])
+def test_torch_compile_fullgraph(d):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(flash_attn_func, fullgraph=True)
+    b, sq, sk, h, hk = 2, 113, 203, 6, 2
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    out, lse, _ = compiled(q, k, v, causal=True, return_attn_probs=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_against_ref(out, lse, grads, q, k, v, dout, True)
+    out_eager = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(out, out_eager)
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+def test_torch_compile_qkvpacked_fullgraph():
+    dtype = torch.float16
+    d = 80
+    require_config(dtype, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(flash_attn_qkvpacked_func, fullgraph=True)
+    qkv = torch.randn(2, 150, 3, 4, d, device="cuda", dtype=dtype, requires_grad=True)
+    out = compiled(qkv, causal=True)
+    dout = torch.randn_like(out)
+    (dqkv,) = torch.autograd.grad(out, (qkv,), dout)
+    q, k, v = [x.detach().clone().requires_grad_() for x in qkv.unbind(2)]
+    (out_ref, _, *grads_ref), (out_pt, *grads_pt) = ref_fwd_bwd(q, k, v, dout, True)
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert_close_to_ref(name, dqkv[:, :, i], grads_ref[i], grads_pt[i], GRAD_SLACK)
+
+
+@pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_cuda(causal):
+    dtype = torch.float16
+    require_config(dtype, 64)
+    b, sq, sk, h, hk, d = 2, 77, 129, 4, 2, 64
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    scale = d ** -0.5
+    fwd_args = (q, k, v, 0.0, scale, causal, -1, -1, 0.0, None, False)
+    torch.library.opcheck(torch.ops.flash_attn._flash_attn_forward.default, fwd_args)
+    out, lse, _, rng = torch.ops.flash_attn._flash_attn_forward(*fwd_args)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    torch.library.opcheck(
+        torch.ops.flash_attn._flash_attn_backward.default,
+        (dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale, causal, -1, -1, 0.0, None, False, rng),
+        # dq is accumulated with atomics, so two runs may differ in the last bits.
+        atol=1e-2, rtol=1e-2,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Memory, build configuration
+# ---------------------------------------------------------------------------------------
+
+
+def test_forward_memory_is_linear_in_seqlen():
+    dtype = torch.float16
+    require_config(dtype, 128)
+    b, s, h, d = 1, 8192, 8, 128
+    q, k, v = [torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3)]
+    flash_attn_func(q, k, v, causal=True)  # warm up (workspace, lazy init)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = flash_attn_func(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    naive_scores = b * h * s * s * 2
+    io = out.numel() * out.element_size() + b * h * s * 4  # out + softmax_lse
+    # O(seqlen): out + lse and at most a few workspaces of that size; the naive O(seqlen^2)
+    # score matrix alone would be 1 GiB here.
+    assert extra <= 4 * io + (16 << 20), (
+        f"forward at seqlen {s} allocated {extra / 2**20:.1f} MiB beyond its inputs; "
+        f"out + lse are {io / 2**20:.1f} MiB, naive scores would be {naive_scores / 2**20:.0f} MiB"
+    )
+
+
+def test_unbuilt_config_raises_clear_error():
+    ext = require_gpu()
+    configs = built_configs()
+    for dtype in DTYPES:
+        for d in (32, 64, 96, 128, 192, 256):
+            tile = int(ext.head_dim_tile(d))
+            if (DTYPE_NAMES[dtype], tile) not in configs:
+                q = torch.randn(1, 8, 1, d, device="cuda", dtype=dtype)
+                with pytest.raises(RuntimeError, match=r"FLASH_ATTN_(HEAD_DIMS|DTYPES)"):
+                    flash_attn_func(q, q, q)
+                return
+    pytest.skip("every (dtype, head-dim tile) is built")
+
+
+def test_extension_importable():
+    """On a machine with a usable GPU the compiled extension must import: the GPU tests skip
+    without it, so this is the one test that fails loudly."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    ext, err = load_extension()
+    assert ext is not None, f"flash_attn._C failed to import: {err}"
+    configs = built_configs()
+    assert configs, "flash_attn._C.built_configs() is empty"
+    for name, tile in configs:
+        assert name in ("fp16", "bf16") and tile in (32, 64, 96, 128, 192, 256), (name, tile)
+    for d, tile in [(8, 32), (32, 32), (40, 64), (64, 64), (96, 96), (128, 128), (160, 192),
+                    (192, 192), (224, 256), (256, 256)]:
+        assert int(ext.head_dim_tile(d)) == tile, (d, ext.head_dim_tile(d))
