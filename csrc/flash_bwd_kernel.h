@@ -288,6 +288,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
             cp_async_fence();
         }
 
+        // This block's LSE and softmax_d rows, loaded before the GEMM so their latency hides
+        // behind it. Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
+        float row_lse_log2[kNRows], row_dsum[kNRows];
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            const int row = row0 + get<0>(coords_s_rc(mi, 0));
+            row_lse_log2[mi] = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
+            row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
+        }
+
         // S = Q K^T, masked, then P = exp(S * scale - lse).
         Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         clear(acc_s);
@@ -295,16 +305,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
                 thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) { mask.apply(acc_s, coords_s, row0, col0); }
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
-        float row_dsum[kNRows];
         CUTE_UNROLL
         for (int mi = 0; mi < kNRows; ++mi) {
-            const int row = row0 + get<0>(coords_s_rc(mi, 0));
-            // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
-            const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
-            row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(scores); ++ni) {
-                scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse);
+                scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - row_lse_log2[mi]);
             }
         }
 

@@ -79,11 +79,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     Element *q_ptr = reinterpret_cast<Element *>(params.q_ptr) +
                      binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb) + bidh * params.q_head_stride +
                      row0 * params.q_row_stride;
-    Element *o_ptr = reinterpret_cast<Element *>(params.o_ptr) +
+    auto o_ptr_f = [&]() { return reinterpret_cast<Element *>(params.o_ptr) +
                      binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) + bidh * params.o_head_stride +
-                     row0 * params.o_row_stride;
-    float *lse_ptr = params.softmax_lse_ptr + (binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
-                     bidh * params.lse_head_stride + row0;
+                     row0 * params.o_row_stride; };
+    auto lse_ptr_f = [&]() { return params.softmax_lse_ptr + (binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
+                     bidh * params.lse_head_stride + row0; };
     const int rows_left = seqlen_q - row0;
 
     TiledMma tiled_mma;
@@ -97,13 +97,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     // out = 0, lse = +inf.
     if (n_block_max <= n_block_min) {
         clear(acc_o);
-        store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr, params.o_row_stride,
+        store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride,
                                      rows_left, params.d, tidx);
         if (get<1>(coords_o_rc(0, 0)) == 0) {
             CUTE_UNROLL
             for (int mi = 0; mi < kNRows; ++mi) {
                 const int row = get<0>(coords_o_rc(mi, 0));
-                if (row < rows_left) lse_ptr[row] = INFINITY;
+                if (row < rows_left) lse_ptr_f()[row] = INFINITY;
             }
         }
         return;
@@ -208,13 +208,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     // Epilogue: normalise, write O (through smem, reusing sQ) and the LSE.
     Tensor lse = softmax.finalize(acc_o, params.scale_softmax);
     __syncthreads();  // sQ is about to be overwritten by O
-    store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr, params.o_row_stride, rows_left,
+    store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride, rows_left,
                                  params.d, tidx);
     if (get<1>(coords_o_rc(0, 0)) == 0) {
         CUTE_UNROLL
         for (int mi = 0; mi < kNRows; ++mi) {
             const int row = get<0>(coords_o_rc(mi, 0));
-            if (row < rows_left) lse_ptr[row] = lse(mi);
+            if (row < rows_left) lse_ptr_f()[row] = lse(mi);
         }
     }
 }

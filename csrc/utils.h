@@ -69,10 +69,9 @@ template <typename TensorAcc, typename TensorA, typename TensorB, typename Tenso
 __forceinline__ __device__ void gemm_rs(TensorAcc &acc, TensorA &tCrA, TensorB &tCrB, TensorSB const &tCsB,
                                         TiledMma tiled_mma, CopyB copy_b, ThrCopyB thr_copy_b) {
     Tensor tCrB_view = thr_copy_b.retile_D(tCrB);
-    cute::copy(copy_b, tCsB(_, _, _0{}), tCrB_view(_, _, _0{}));
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tCrA); ++k) {
-        if (k < size<2>(tCrA) - 1) { cute::copy(copy_b, tCsB(_, _, k + 1), tCrB_view(_, _, k + 1)); }
+        cute::copy(copy_b, tCsB(_, _, k), tCrB_view(_, _, k));
         cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
     }
 }
