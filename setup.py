@@ -3,7 +3,8 @@
 Kernel selection comes from environment variables so that a developer build of one
 configuration takes a minute or two (see docs/design.md):
 
-    FLASH_ATTN_CUDA_ARCHS   "80;90" (default) -- SM targets to build machine code for
+    FLASH_ATTN_CUDA_ARCHS   SM targets to build machine code for; default: the visible GPUs'
+                            (when all are sm_80/86/89/90), else "80;90". "90" means sm_90a.
     FLASH_ATTN_HEAD_DIMS    "32,64,96,128,192,256" (default) -- head-dim tiles to instantiate
     FLASH_ATTN_DTYPES       "fp16,bf16" (default)
     FLASH_ATTN_SKIP_CUDA_BUILD=1  -- install the Python package only
@@ -77,13 +78,29 @@ def _set_cuda_home():
             return
 
 
+def _default_archs():
+    """The visible GPUs' architectures when there are GPUs (a build for the machine at hand takes
+    half the time), else sm_80 and sm_90."""
+    supported = ("80", "86", "89", "90")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            found = {"%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+            if found and found <= set(supported):
+                return sorted(found)
+    except Exception:  # noqa: BLE001 - no torch/CUDA at build time: fall back to the default
+        pass
+    return ["80", "90"]
+
+
 def _extensions():
     if os.environ.get("FLASH_ATTN_SKIP_CUDA_BUILD", "0") == "1":
         return [], {}
     _set_cuda_home()
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    archs = _env_list("FLASH_ATTN_CUDA_ARCHS", ("80", "90"), ("80", "86", "89", "90"))
+    archs = _env_list("FLASH_ATTN_CUDA_ARCHS", _default_archs(), ("80", "86", "89", "90"))
     head_dims = _env_list("FLASH_ATTN_HEAD_DIMS", ALL_HEAD_DIMS, ALL_HEAD_DIMS, int)
     dtypes = _env_list("FLASH_ATTN_DTYPES", ALL_DTYPES, ALL_DTYPES)
 
@@ -95,7 +112,12 @@ def _extensions():
                         f"csrc/instantiations/flash_bwd_hdim{d}_{dt}.cu"]
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
-    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on
+    # compute capability 9.0 exactly, hence the SM80-class kernels remain for everything else.
+    gencode = [f"-gencode=arch=compute_{a}a,code=sm_{a}a" if a == "90" else f"-gencode=arch=compute_{a},code=sm_{a}"
+               for a in archs]
+    if "90" in archs:
+        defines.append("-DFLASH_ATTN_SM90A")
     nvcc_flags = [
         "-O3", "--use_fast_math", "--expt-relaxed-constexpr",
         "--expt-extended-lambda",
@@ -103,7 +125,7 @@ def _extensions():
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-        "-DNDEBUG", *gencode,
+        "-DNDEBUG", *gencode, *[d for d in defines if d == "-DFLASH_ATTN_SM90A"],
     ]
     if os.environ.get("FLASH_ATTN_PTXAS_VERBOSE", "0") == "1":
         nvcc_flags += ["-Xptxas=-v"]

@@ -95,6 +95,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-time", action="store_true")
+    ap.add_argument("--bench-only", action="store_true", help="skip the correctness checks")
+    ap.add_argument("--paths", default="sm90,sm80", help="kernel paths to check: sm90 (wgmma where built), sm80")
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     built = C.built_configs()
@@ -105,21 +107,25 @@ def main():
     shapes = [(1, 1, 1), (2, 17, 113), (2, 113, 203), (1, 239, 1), (2, 512, 256), (1, 1023, 1024), (1, 128, 217)]
     if args.quick:
         shapes = shapes[:3] + shapes[5:6]
-    for dt in dtypes:
-        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
-        for tile in dims:
-            for d in sorted({tile, max(8, tile - 24)}):
-                if C.head_dim_tile(d) != tile:
-                    continue
-                for b, sq, sk in shapes:
+    for path in args.paths.split(","):
+        C.set_sm90_kernels(path == "sm90")
+        print(f"--- path {path}", flush=True)
+        for dt in dtypes:
+            dtype = torch.bfloat16 if dt == "bf16" else torch.float16
+            for tile in dims:
+                for d in sorted({tile, max(8, tile - 24)}):
+                    if C.head_dim_tile(d) != tile:
+                        continue
+                    for b, sq, sk in ([] if args.bench_only else shapes):
+                        for causal in (False, True):
+                            for h, h_k in ((4, 4), (4, 1)):
+                                ok &= check(b, sq, sk, h, h_k, d, causal, dtype, gen)
+        if not args.no_time:
+            for d in (64, 128, 256):
+                if ("bf16", d) in built:
                     for causal in (False, True):
-                        for h, h_k in ((4, 4), (4, 1)):
-                            ok &= check(b, sq, sk, h, h_k, d, causal, dtype, gen)
-    if not args.no_time:
-        for d in (64, 128, 256):
-            if ("bf16", d) in built:
-                for causal in (False, True):
-                    bench(8192, d, causal)
+                        bench(8192, d, causal)
+    C.set_sm90_kernels(True)
     print("ALL OK" if ok else "SOME CHECKS FAILED")
     sys.exit(0 if ok else 1)
 

@@ -44,6 +44,7 @@ struct FwdParams : QKVParams {
     int window_left, window_right;
 
     bool is_bf16;
+    bool use_sm90;  // run the sm_90a (wgmma) kernels where this build and head dim have them
 };
 
 // A window side that never masks anything (large, yet safe to add to row indices).
@@ -73,6 +74,8 @@ bool run_mha_bwd(BwdParams &params, cudaStream_t stream);
 bool is_built(bool is_bf16, int head_dim_tile);
 // The kernel head-dim tile a head dim runs in, or -1 above 256.
 int head_dim_tile(int d);
+// Compute capability (major * 10 + minor) of a device, cached.
+int device_sm(int device);
 // The last CUDA error string seen by a launch in this thread ("" when none).
 const char *last_launch_error();
 

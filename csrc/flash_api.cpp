@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,20 +15,37 @@
 
 namespace {
 
+// User-facing errors are std::invalid_argument / std::runtime_error (pybind11 turns them into
+// ValueError / RuntimeError). TORCH_CHECK's c10::Error was seen to crash the process when thrown
+// from this extension under torch 2.11 on the H200 machine (after the first one), so it is avoided.
+template <typename... Args>
+std::string concat(const Args &...args) {
+    std::ostringstream ss;
+    (ss << ... << args);
+    return ss.str();
+}
+#define FLASH_CHECK(cond, ...) \
+    do { if (!(cond)) throw std::invalid_argument(concat(__VA_ARGS__)); } while (0)
+#define FLASH_CHECK_RUNTIME(cond, ...) \
+    do { if (!(cond)) throw std::runtime_error(concat(__VA_ARGS__)); } while (0)
+
 constexpr int kMaxHeadDim = 256;
+// Whether the sm_90a (wgmma) kernels may run; tests and benchmarks switch them off to exercise
+// and compare the SM80-class path on the same GPU.
+bool g_sm90_enabled = true;
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 const char *dtype_name(bool is_bf16) { return is_bf16 ? "bf16" : "fp16"; }
 
 void check_tensor(const at::Tensor &t, const char *name, const at::Tensor &ref) {
-    TORCH_CHECK(t.is_cuda(), "flash_attn: ", name, " must be a CUDA tensor, got device ", t.device());
-    TORCH_CHECK(t.device() == ref.device(), "flash_attn: ", name, " is on ", t.device(), " but q is on ", ref.device());
-    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "flash_attn: ", name, " has dtype ", t.scalar_type(),
+    FLASH_CHECK(t.is_cuda(), "flash_attn: ", name, " must be a CUDA tensor, got device ", t.device());
+    FLASH_CHECK(t.device() == ref.device(), "flash_attn: ", name, " is on ", t.device(), " but q is on ", ref.device());
+    FLASH_CHECK(t.scalar_type() == ref.scalar_type(), "flash_attn: ", name, " has dtype ", t.scalar_type(),
                 " but q has dtype ", ref.scalar_type());
-    TORCH_CHECK(t.dim() == 4, "flash_attn: ", name, " must have shape (batch, seqlen, nheads, headdim), got ",
+    FLASH_CHECK(t.dim() == 4, "flash_attn: ", name, " must have shape (batch, seqlen, nheads, headdim), got ",
                 t.sizes());
-    TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "flash_attn: ", name,
+    FLASH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "flash_attn: ", name,
                 " must have a contiguous last dimension, got strides ", t.strides());
 }
 
@@ -49,8 +68,8 @@ at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *nam
                          const at::Tensor &like) {
     if (given.has_value()) {
         const at::Tensor &t = given.value();
-        TORCH_CHECK(t.sizes() == shape, "flash_attn: ", name, " must have shape ", shape, ", got ", t.sizes());
-        TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), "flash_attn: ", name,
+        FLASH_CHECK(t.sizes() == shape, "flash_attn: ", name, " must have shape ", shape, ", got ", t.sizes());
+        FLASH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), "flash_attn: ", name,
                     " must have dtype ", like.scalar_type(), " on ", like.device());
         if (is_aligned(t)) return t;
     }
@@ -89,31 +108,32 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
     p.window_left = flash::kWindowUnbounded;
     p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
     p.is_bf16 = q.scalar_type() == at::kBFloat16;
+    p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
 }
 
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
-    TORCH_CHECK(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
+    FLASH_CHECK_RUNTIME(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
                 " (tile ", tile, "). Rebuild with FLASH_ATTN_HEAD_DIMS including ", tile,
                 " and FLASH_ATTN_DTYPES including ", dtype_name(is_bf16), ".");
     const std::string err = flash::last_launch_error();
-    TORCH_CHECK(err.empty(), "flash_attn: CUDA error: ", err);
+    FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
 }
 
 void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
-    TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+    FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
     check_tensor(q, "q", q);
     check_tensor(k, "k", q);
     check_tensor(v, "v", q);
     const int64_t b = q.size(0), d = q.size(3);
-    TORCH_CHECK(k.size(0) == b && v.size(0) == b, "flash_attn: q, k, v must have the same batch size, got ",
+    FLASH_CHECK(k.size(0) == b && v.size(0) == b, "flash_attn: q, k, v must have the same batch size, got ",
                 q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-    TORCH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
+    FLASH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
                 v.sizes());
-    TORCH_CHECK(k.size(3) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(3));
-    TORCH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
+    FLASH_CHECK(k.size(3) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(3));
+    FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
                 kMaxHeadDim, " here (the Python layer pads), got ", d);
-    TORCH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "flash_attn: nheads (", q.size(2),
+    FLASH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "flash_attn: nheads (", q.size(2),
                 ") must be divisible by nheads_k (", k.size(2), ")");
 }
 
@@ -145,15 +165,15 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
                                 at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
                                 std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
                                 bool deterministic) {
-    TORCH_CHECK(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
+    FLASH_CHECK_RUNTIME(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
     check_qkv_shapes(q, k, v);
     check_tensor(out, "out", q);
     check_tensor(dout, "dout", q);
-    TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
+    FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
                 q.sizes());
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), h_k = k.size(2);
-    TORCH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
+    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
                     softmax_lse.sizes() == at::IntArrayRef({b, h, sq}),
                 "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (batch, nheads, seqlen_q)");
     q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -221,5 +241,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"));
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
+    m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
+          "Allow (True, the default) or forbid the sm_90a wgmma kernels");
+    m.def("sm90_kernels_built", []() {
+#ifdef FLASH_ATTN_SM90A
+        return true;
+#else
+        return false;
+#endif
+    }, "Whether this build contains sm_90a kernels");
     m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
 }

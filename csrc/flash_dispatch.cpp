@@ -90,6 +90,18 @@ void record_launch_error(cudaError_t err, const char *what, const char *file, in
 
 const char *last_launch_error() { return g_last_error.c_str(); }
 
+int device_sm(int device) {
+    static int cache[64] = {0};
+    if (device < 0 || device >= 64) return 0;
+    if (cache[device] == 0) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        cache[device] = major * 10 + minor;
+    }
+    return cache[device];
+}
+
 int head_dim_tile(int d) {
     for (int tile : {32, 64, 96, 128, 192, 256}) {
         if (d <= tile) return tile;

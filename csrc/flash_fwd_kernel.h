@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     constexpr int kHeadDim = Traits::kHeadDim;
     using TiledMma = typename Traits::TiledMma;
 
-    extern __shared__ __align__(128) char smem[];
+    extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x;
     // Longest (causal) query blocks first, so the tail of the grid is short work.
     const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -141,11 +141,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     Tensor tQpQ = make_col_predicate(tQcQ, params.d);
     Tensor tKVpKV = make_col_predicate(tKVcKV, params.d);
     auto load_K = [&](int n_block) {
-        copy_tile(gmem_copy, thr_gmem_copy.partition_S(gK_at(n_block)), tKsK, tKVcKV, tKVpKV,
+        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK_at(n_block)), tKsK, tKVcKV, tKVpKV,
                   seqlen_k - n_block * kBlockN);
     };
     auto load_V = [&](int n_block) {
-        copy_tile(gmem_copy, thr_gmem_copy.partition_S(gV_at(n_block)), tVsV, tKVcKV, tKVpKV,
+        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV_at(n_block)), tVsV, tKVcKV, tKVpKV,
                   seqlen_k - n_block * kBlockN);
     };
 
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     Tensor coords_s = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
     // Prologue: Q and the last K tile (the only one that can be partial) in flight.
-    copy_tile(gmem_copy, thr_gmem_copy.partition_S(gQ), tQsQ, tQcQ, tQpQ, rows_left);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gQ), tQsQ, tQcQ, tQpQ, rows_left);
     int n_block = n_block_max - 1;
     load_K(n_block);
     cp_async_fence();

@@ -6,6 +6,9 @@
 #include "flash.h"
 #include "flash_fwd_kernel.h"
 #include "launch_check.h"
+#ifdef FLASH_ATTN_SM90A
+#include "hopper/flash_fwd_launch_sm90.h"
+#endif
 
 namespace flash {
 
@@ -26,6 +29,14 @@ void launch_fwd(FwdParams &params, cudaStream_t stream) {
 // register file of sm_80/sm_90 (accumulators for kBlockM x d outputs stay in registers).
 template <typename Element, int kHeadDim>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
+#ifdef FLASH_ATTN_SM90A
+    if constexpr (kHasSm90Fwd<kHeadDim>) {
+        if (params.use_sm90) {
+            run_mha_fwd_sm90<Element, kHeadDim>(params, stream);
+            return;
+        }
+    }
+#endif
     if constexpr (kHeadDim <= 64) {
         launch_fwd<FwdKernelTraits<kHeadDim, 128, 128, 4, Element>>(params, stream);
     } else if constexpr (kHeadDim <= 128) {

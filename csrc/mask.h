@@ -32,9 +32,9 @@ struct Mask {
         for (int i = 0; i < size(acc); ++i) {
             const int row = row0 + get<0>(coords(i));
             const int col = col0 + get<1>(coords(i));
-            if (col >= seqlen_k || col > row + diag + window_right || col < row + diag - window_left) {
-                acc(i) = -INFINITY;
-            }
+            // Bitwise | and a select: short-circuit || here compiles to a branch per element.
+            const bool masked = (col >= seqlen_k) | (col > row + diag + window_right) | (col < row + diag - window_left);
+            acc(i) = masked ? -INFINITY : acc(i);
         }
     }
 };

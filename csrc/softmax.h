@@ -31,53 +31,51 @@ struct OnlineSoftmax {
     using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
     RowTensor row_max, row_sum;
 
-    // Folds one masked score tile (MMA accumulator layout) into the running statistics,
-    // rescales the output accumulator, and leaves exp(scores - max) in acc_s.
-    template <bool kFirst, typename TensorS, typename TensorO>
-    __forceinline__ __device__ void update(TensorS &acc_s, TensorO &acc_o, float scale_log2) {
+    // Folds one masked score tile (MMA accumulator layout) into the running statistics and
+    // leaves exp(scores - max) in acc_s. Returns the factor each row of the output accumulator
+    // must be multiplied by (all 1 on the first tile); the Hopper kernel applies it only once
+    // the P V GEMM still in flight has finished.
+    template <bool kFirst, typename TensorS>
+    __forceinline__ __device__ RowTensor update_scores(TensorS &acc_s, float scale_log2) {
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         static_assert(decltype(size<0>(scores))::value == kNRows);
-        if constexpr (kFirst) {
+        RowTensor rescale;
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            float m = kFirst ? -INFINITY : row_max(mi);
             CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                float m = -INFINITY;
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(scores); ++ni) { m = fmaxf(m, scores(mi, ni)); }
-                row_max(mi) = quad_allreduce(m, MaxOp{});
-            }
-            exp2_rows(scores, row_max, scale_log2, scale_log2);
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                float s = 0.f;
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(scores); ++ni) { s += scores(mi, ni); }
-                row_sum(mi) = s;  // per-thread partial: the quad reduction happens once, at the end
-            }
-        } else {
-            Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                float m = row_max(mi);
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(scores); ++ni) { m = fmaxf(m, scores(mi, ni)); }
-                m = quad_allreduce(m, MaxOp{});
-                const float prev = row_max(mi);
-                row_max(mi) = m;
-                // exp2((prev - cur) * scale); an all-masked row so far (cur = -inf) keeps scale 1.
-                const float rescale = m == -INFINITY ? 1.f : exp2f((prev - m) * scale_log2);
-                row_sum(mi) *= rescale;
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= rescale; }
-            }
-            exp2_rows(scores, row_max, scale_log2, scale_log2);
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                float s = row_sum(mi);
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(scores); ++ni) { s += scores(mi, ni); }
-                row_sum(mi) = s;
-            }
+            for (int ni = 0; ni < size<1>(scores); ++ni) { m = fmaxf(m, scores(mi, ni)); }
+            m = quad_allreduce(m, MaxOp{});
+            // exp2((prev - cur) * scale); a row with nothing visible so far (cur = -inf) keeps 1.
+            rescale(mi) = kFirst || m == -INFINITY ? 1.f : exp2f((row_max(mi) - m) * scale_log2);
+            row_max(mi) = m;
         }
+        exp2_rows(scores, row_max, scale_log2, scale_log2);
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            // Per-thread partial sums: the quad reduction happens once, in finalize().
+            float sum = kFirst ? 0.f : row_sum(mi) * rescale(mi);
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(scores); ++ni) { sum += scores(mi, ni); }
+            row_sum(mi) = sum;
+        }
+        return rescale;
+    }
+
+    template <typename TensorO>
+    __forceinline__ __device__ static void rescale_o(TensorO &acc_o, RowTensor const &rescale) {
+        Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= rescale(mi); }
+        }
+    }
+
+    template <bool kFirst, typename TensorS, typename TensorO>
+    __forceinline__ __device__ void update(TensorS &acc_s, TensorO &acc_o, float scale_log2) {
+        RowTensor rescale = update_scores<kFirst>(acc_s, scale_log2);
+        if constexpr (!kFirst) { rescale_o(acc_o, rescale); }
     }
 
     // Divides acc_o by the row sums and returns the natural-log LSE per row.

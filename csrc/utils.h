@@ -13,24 +13,39 @@ using namespace cute;
 
 // ---- fragment layouts -------------------------------------------------------------------------
 
-// An SM80 accumulator fragment ((2, 2), MMA_M, MMA_N) viewed as (rows, cols) =
-// ((2, MMA_M), (2, MMA_N)): mode 0 of the MMA C fragment is (2 adjacent cols) x (rows r, r+8).
+// An MMA accumulator fragment viewed as (rows, cols).
+//  SM80 (mma.sync): ((2, 2), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)); mode 0 is
+//    (2 adjacent cols) x (rows r, r+8).
+//  SM90 (wgmma):    ((2, 2, N/8), MMA_M, MMA_N) -> ((2, MMA_M), (2, N/8, MMA_N)).
 template <typename Layout>
 __forceinline__ __device__ auto acc_layout_rowcol(Layout acc_layout) {
-    static_assert(decltype(size<0>(acc_layout))::value == 4);
     static_assert(decltype(rank(acc_layout))::value == 3);
-    auto l = logical_divide(acc_layout, Shape<_2>{});  // ((2, 2), MMA_M, MMA_N)
-    return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+    if constexpr (decltype(rank<0>(acc_layout))::value == 3) {
+        auto l = acc_layout;
+        return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+    } else {
+        static_assert(decltype(size<0>(acc_layout))::value == 4);
+        auto l = logical_divide(acc_layout, Shape<_2>{});  // ((2, 2), MMA_M, MMA_N)
+        return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+    }
 }
 
-// An m16n8k16 accumulator fragment (4, MMA_M, MMA_N) reused as the A operand of the next
-// m16n8k16 MMA: ((4, 2), MMA_M, MMA_N / 2). This is what lets P stay in registers for P @ V.
+// An accumulator fragment reused as the 16-bit A operand of the next MMA (P stays in registers
+// for P @ V):
+//  SM80 m16n8k16: (4, MMA_M, MMA_N) -> ((4, 2), MMA_M, MMA_N / 2)
+//  SM90 wgmma RS: ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, N/16 * MMA_N)
 template <typename Layout>
 __forceinline__ __device__ auto acc_layout_as_A(Layout acc_layout) {
-    static_assert(decltype(size<0>(acc_layout))::value == 4);
     static_assert(decltype(rank(acc_layout))::value == 3);
-    auto l = logical_divide(acc_layout, Shape<Underscore, Underscore, _2>{});
-    return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+    if constexpr (decltype(rank<0>(acc_layout))::value == 3) {
+        auto l = logical_divide(get<0, 2>(acc_layout), Tile<_2>{});  // ((2, N / 16))
+        return make_layout(make_layout(get<0, 0>(acc_layout), get<0, 1>(acc_layout), get<0, 0>(l)),
+                           get<1>(acc_layout), coalesce(make_layout(get<0, 1>(l), get<2>(acc_layout))));
+    } else {
+        static_assert(decltype(size<0>(acc_layout))::value == 4);
+        auto l = logical_divide(acc_layout, Shape<Underscore, Underscore, _2>{});
+        return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+    }
 }
 
 template <typename To, typename Engine, typename Layout>
@@ -99,6 +114,19 @@ __forceinline__ __device__ void copy_tile(TiledCopy tiled_copy, TensorS const &S
         } else if (kClearOOB) {
             cute::clear(D(_, m, _));
         }
+    }
+}
+
+// cp.async loads of a (CPY, CPY_M, CPY_K) partition with zero-fill: rows at or past max_rows and
+// columns whose predicate is false read nothing and write zeros (src-size 0), without branches.
+template <typename TiledCopy, typename TensorS, typename TensorD, typename TensorC, typename TensorP>
+__forceinline__ __device__ void load_tile_zfill(TiledCopy tiled_copy, TensorS const &S, TensorD &D,
+                                                TensorC const &identity, TensorP const &pred_k, int max_rows) {
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(S); ++m) {
+        const bool row_ok = get<0>(identity(0, m, 0)) < max_rows;
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(S); ++k) { cute::copy(tiled_copy.with(row_ok && pred_k(k)), S(_, m, k), D(_, m, k)); }
     }
 }
 

@@ -56,6 +56,29 @@ def _get_ext():
     return _C
 
 
+_BUILT_CONFIGS = None
+
+
+def _ext_for(q):
+    """The extension, after checking that this build has kernels for q's dtype and head dim.
+
+    Checked here rather than in C++ so the error is a plain Python exception."""
+    global _BUILT_CONFIGS
+    ext = _get_ext()
+    if _BUILT_CONFIGS is None:
+        _BUILT_CONFIGS = {tuple(c) for c in ext.built_configs()}
+    d = q.shape[-1]
+    tile = int(ext.head_dim_tile(d))
+    name = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+    if (name, tile) not in _BUILT_CONFIGS:
+        raise RuntimeError(
+            f"flash_attn: this build has no kernels for dtype {name} with head dim {d} "
+            f"(tile {tile}). Rebuild with FLASH_ATTN_HEAD_DIMS including {tile} and "
+            f"FLASH_ATTN_DTYPES including {name}."
+        )
+    return ext
+
+
 # ---------------------------------------------------------------------------------------
 # Input validation: one function, used by every entry point.  It looks only at metadata
 # (type, rank, dtype, shape, strides, device), never at values, so it works on CPU, meta
@@ -339,7 +362,7 @@ def _flash_attn_forward(
                                 softcap, alibi_slopes, False, q.shape[1], k.shape[1])
     _check_return_softmax(return_softmax)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
-    out, softmax_lse = _get_ext().fwd(q, k, v, None, softmax_scale, is_causal)
+    out, softmax_lse = _ext_for(q).fwd(q, k, v, None, softmax_scale, is_causal)
     S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
     # No dropout yet, so there is no Philox seed/offset to record.  Zeros rather than
     # uninitialised memory, so that the op's outputs are deterministic.
@@ -400,7 +423,7 @@ def _flash_attn_backward(
                                 softcap, alibi_slopes, deterministic, q.shape[1], k.shape[1])
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
-    _, _, _, softmax_d = _get_ext().bwd(
+    _, _, _, softmax_d = _ext_for(q).bwd(
         dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic
     )
     return softmax_d
