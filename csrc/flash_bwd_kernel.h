@@ -104,14 +104,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
     const Mask mask{seqlen_k, seqlen_k - seqlen_q, params.window_left, params.window_right};
 
     // Query blocks that can see at least one key of this block.
-    int m_block_max = ceil_div(seqlen_q, kBlockM);
-    if (params.window_left < kWindowUnbounded) {
-        m_block_max = min(m_block_max, ceil_div(col0 + kBlockN + params.window_left - mask.diag, kBlockM));
-    }
-    int m_block_min = 0;
-    if (params.window_right < kWindowUnbounded) {
-        m_block_min = max(0, (col0 - mask.diag - params.window_right) / kBlockM);
-    }
+    int m_block_min, m_block_max;
+    mask.m_block_range(col0, kBlockN, kBlockM, m_block_min, m_block_max);
 
     Element *dk_ptr = reinterpret_cast<Element *>(params.dk_ptr) +
                       binfo.k_offset(params.dk_batch_stride, params.dk_row_stride, bidb) + bidh * params.dk_head_stride +

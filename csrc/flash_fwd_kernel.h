@@ -67,14 +67,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
 
     const Mask mask{seqlen_k, seqlen_k - seqlen_q, params.window_left, params.window_right};
     const int row0 = m_block * kBlockM;
-    int n_block_max = ceil_div(seqlen_k, kBlockN);
-    if (params.window_right < kWindowUnbounded) {
-        n_block_max = min(n_block_max, ceil_div(row0 + kBlockM + mask.diag + params.window_right, kBlockN));
-    }
-    int n_block_min = 0;
-    if (params.window_left < kWindowUnbounded) {
-        n_block_min = max(0, (row0 + mask.diag - params.window_left) / kBlockN);
-    }
+    int n_block_min, n_block_max;
+    mask.n_block_range(row0, kBlockM, kBlockN, n_block_min, n_block_max);
 
     Element *q_ptr = reinterpret_cast<Element *>(params.q_ptr) +
                      binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb) + bidh * params.q_head_stride +

@@ -6,6 +6,7 @@
 #include <cute/tensor.hpp>
 
 #include "flash.h"
+#include "utils.h"
 
 namespace flash {
 
@@ -16,6 +17,20 @@ struct Mask {
     int diag;          // seqlen_k - seqlen_q: bottom-right alignment of the causal diagonal
     int window_left;   // kWindowUnbounded when the side is open
     int window_right;
+
+    // Key blocks [n_min, n_max) that query rows [row0, row0 + M) can see (n_max <= n_min: none).
+    __device__ void n_block_range(int row0, int M, int N, int &n_min, int &n_max) const {
+        n_max = ceil_div(seqlen_k, N);
+        if (window_right < kWindowUnbounded) n_max = min(n_max, ceil_div(row0 + M + diag + window_right, N));
+        n_min = window_left < kWindowUnbounded ? max(0, (row0 + diag - window_left) / N) : 0;
+    }
+
+    // Query blocks [m_min, m_max) that can see some key of [col0, col0 + N).
+    __device__ void m_block_range(int col0, int N, int M, int &m_min, int &m_max) const {
+        m_max = ceil_div(seqlen_k - diag, M);  // seqlen_q
+        if (window_left < kWindowUnbounded) m_max = min(m_max, ceil_div(col0 + N + window_left - diag, M));
+        m_min = window_right < kWindowUnbounded ? max(0, (col0 - diag - window_right) / M) : 0;
+    }
 
     // Whether any element of the (row0.., col0..) tile of size (M, N) needs masking.
     __device__ bool tile_needs_mask(int row0, int col0, int M, int N) const {

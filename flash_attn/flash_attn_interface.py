@@ -482,240 +482,123 @@ def _default_softmax_scale(softmax_scale, head_size_og):
     return head_size_og ** (-0.5) if softmax_scale is None else softmax_scale
 
 
-class FlashAttnQKVPackedFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx,
-        qkv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_softmax,
-        is_grad_enabled,
-    ):
-        _check_inputs(None, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
-                      deterministic, qkv=qkv)
-        is_grad = is_grad_enabled and qkv.requires_grad
-        head_size_og = qkv.shape[-1]
-        softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
-        q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
-        out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
-            q,
-            k,
-            v,
-            dropout_p,
-            softmax_scale,
-            causal=causal,
-            window_size_left=window_size[0],
-            window_size_right=window_size[1],
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            return_softmax=return_softmax and dropout_p > 0,
-        )
-        if is_grad:
-            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
-            ctx.dropout_p = dropout_p
-            ctx.softmax_scale = softmax_scale
-            ctx.causal = causal
-            ctx.window_size = window_size
-            ctx.softcap = softcap
-            ctx.alibi_slopes = alibi_slopes
-            ctx.deterministic = deterministic
-        out = out_padded[..., :head_size_og]
-        return out if not return_softmax else (out, softmax_lse, S_dmask)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
-        head_size_og = dout.shape[-1]
-        qkv_shape = q.shape[:-2] + (3, *q.shape[-2:])
-        dqkv = torch.empty(qkv_shape, dtype=q.dtype, device=q.device)
-        _wrapped_flash_attn_backward(
-            _pad_to_multiple_of_8(dout, head_size_og),
-            q,
-            k,
-            v,
-            out,
-            softmax_lse,
-            dqkv[:, :, 0],
-            dqkv[:, :, 1],
-            dqkv[:, :, 2],
-            ctx.dropout_p,
-            ctx.softmax_scale,
-            ctx.causal,
-            ctx.window_size[0],
-            ctx.window_size[1],
-            ctx.softcap,
-            ctx.alibi_slopes,
-            ctx.deterministic,
-            rng_state=rng_state,
-        )
-        dqkv = dqkv[..., :head_size_og]
-        return dqkv, None, None, None, None, None, None, None, None, None
-
-
-class FlashAttnKVPackedFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx,
-        q,
-        kv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_softmax,
-        is_grad_enabled,
-    ):
-        _check_inputs(q, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
-                      deterministic, kv=kv)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
-        head_size_og = q.shape[-1]
-        softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
-        q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
-        out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
-            q,
-            k,
-            v,
-            dropout_p,
-            softmax_scale,
-            causal=causal,
-            window_size_left=window_size[0],
-            window_size_right=window_size[1],
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            return_softmax=return_softmax and dropout_p > 0,
-        )
-        if is_grad:
-            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
-            ctx.dropout_p = dropout_p
-            ctx.softmax_scale = softmax_scale
-            ctx.causal = causal
-            ctx.window_size = window_size
-            ctx.softcap = softcap
-            ctx.alibi_slopes = alibi_slopes
-            ctx.deterministic = deterministic
-        out = out_padded[..., :head_size_og]
-        return out if not return_softmax else (out, softmax_lse, S_dmask)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
-        head_size_og = dout.shape[-1]
-        dq = torch.empty_like(q)
-        kv_shape = k.shape[:-2] + (2, *k.shape[-2:])
-        dkv = torch.empty(kv_shape, dtype=k.dtype, device=k.device)
-        _wrapped_flash_attn_backward(
-            _pad_to_multiple_of_8(dout, head_size_og),
-            q,
-            k,
-            v,
-            out,
-            softmax_lse,
-            dq,
-            dkv[:, :, 0],
-            dkv[:, :, 1],
-            ctx.dropout_p,
-            ctx.softmax_scale,
-            ctx.causal,
-            ctx.window_size[0],
-            ctx.window_size[1],
-            ctx.softcap,
-            ctx.alibi_slopes,
-            ctx.deterministic,
-            rng_state=rng_state,
-        )
-        dq = dq[..., :head_size_og]
-        dkv = dkv[..., :head_size_og]
-        return dq, dkv, None, None, None, None, None, None, None, None, None
-
-
-class FlashAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx,
+def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, deterministic, return_softmax, is_grad):
+    """The forward every autograd Function shares: pad the head dim, run the op, save for
+    backward. q, k, v are unpacked (views into a packed tensor are fine)."""
+    head_size_og = q.shape[-1]
+    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
+    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+    out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
         q,
         k,
         v,
         dropout_p,
         softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_softmax,
-        is_grad_enabled,
-    ):
-        _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
-                      deterministic)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
-        head_size_og = q.shape[-1]
-        softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-        q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
-        out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
-            q,
-            k,
-            v,
-            dropout_p,
-            softmax_scale,
-            causal=causal,
-            window_size_left=window_size[0],
-            window_size_right=window_size[1],
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            return_softmax=return_softmax and dropout_p > 0,
-        )
-        if is_grad:
-            ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
-            ctx.dropout_p = dropout_p
-            ctx.softmax_scale = softmax_scale
-            ctx.causal = causal
-            ctx.window_size = window_size
-            ctx.softcap = softcap
-            ctx.alibi_slopes = alibi_slopes
-            ctx.deterministic = deterministic
-        out = out_padded[..., :head_size_og]
-        return out if not return_softmax else (out, softmax_lse, S_dmask)
+        causal=causal,
+        window_size_left=window_size[0],
+        window_size_right=window_size[1],
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_softmax=return_softmax and dropout_p > 0,
+    )
+    if is_grad:
+        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
+        ctx.dropout_p = dropout_p
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.window_size = window_size
+        ctx.softcap = softcap
+        ctx.alibi_slopes = alibi_slopes
+        ctx.deterministic = deterministic
+    out = out_padded[..., :head_size_og]
+    return out if not return_softmax else (out, softmax_lse, S_dmask)
+
+
+def _attention_backward(ctx, dout, dq, dk, dv):
+    """The backward every autograd Function shares: writes the padded gradients into dq, dk,
+    dv (which may be views into one packed gradient)."""
+    q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+    _wrapped_flash_attn_backward(
+        _pad_to_multiple_of_8(dout, dout.shape[-1]),
+        q,
+        k,
+        v,
+        out,
+        softmax_lse,
+        dq,
+        dk,
+        dv,
+        ctx.dropout_p,
+        ctx.softmax_scale,
+        ctx.causal,
+        ctx.window_size[0],
+        ctx.window_size[1],
+        ctx.softcap,
+        ctx.alibi_slopes,
+        ctx.deterministic,
+        rng_state=rng_state,
+    )
+
+
+class FlashAttnQKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                deterministic, return_softmax, is_grad_enabled):
+        _check_inputs(None, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
+                      deterministic, qkv=qkv)
+        is_grad = is_grad_enabled and qkv.requires_grad
+        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
+        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
-        head_size_og = dout.shape[-1]
+        q = ctx.saved_tensors[0]
+        dqkv = torch.empty(q.shape[:-2] + (3, *q.shape[-2:]), dtype=q.dtype, device=q.device)
+        _attention_backward(ctx, dout, dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2])
+        dqkv = dqkv[..., : dout.shape[-1]]
+        return dqkv, None, None, None, None, None, None, None, None, None
+
+
+class FlashAttnKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                deterministic, return_softmax, is_grad_enabled):
+        _check_inputs(q, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
+                      deterministic, kv=kv)
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
+        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
+        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k = ctx.saved_tensors[:2]
+        dq = torch.empty_like(q)
+        dkv = torch.empty(k.shape[:-2] + (2, *k.shape[-2:]), dtype=k.dtype, device=k.device)
+        _attention_backward(ctx, dout, dq, dkv[:, :, 0], dkv[:, :, 1])
+        d = dout.shape[-1]
+        return dq[..., :d], dkv[..., :d], None, None, None, None, None, None, None, None, None
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                deterministic, return_softmax, is_grad_enabled):
+        _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
+                      deterministic)
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
+        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k, v = ctx.saved_tensors[:3]
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _wrapped_flash_attn_backward(
-            _pad_to_multiple_of_8(dout, head_size_og),
-            q,
-            k,
-            v,
-            out,
-            softmax_lse,
-            dq,
-            dk,
-            dv,
-            ctx.dropout_p,
-            ctx.softmax_scale,
-            ctx.causal,
-            ctx.window_size[0],
-            ctx.window_size[1],
-            ctx.softcap,
-            ctx.alibi_slopes,
-            ctx.deterministic,
-            rng_state=rng_state,
-        )
-        dq = dq[..., :head_size_og]
-        dk = dk[..., :head_size_og]
-        dv = dv[..., :head_size_og]
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        _attention_backward(ctx, dout, dq, dk, dv)
+        d = dout.shape[-1]
+        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------
