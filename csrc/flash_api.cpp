@@ -111,6 +111,16 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
     p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
 }
 
+// Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
+// seqlen_k long is unbounded, causal means right = 0.
+void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
+    if (window_left >= p.seqlen_k) window_left = -1;
+    if (window_right >= p.seqlen_k) window_right = -1;
+    if (is_causal) window_right = 0;
+    p.window_left = window_left < 0 ? flash::kWindowUnbounded : static_cast<int>(window_left);
+    p.window_right = window_right < 0 ? flash::kWindowUnbounded : static_cast<int>(window_right);
+}
+
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
     FLASH_CHECK_RUNTIME(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
                 " (tile ", tile, "). Rebuild with FLASH_ATTN_HEAD_DIMS including ", tile,
@@ -138,7 +148,7 @@ void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor
 }
 
 std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                double softmax_scale, bool is_causal) {
+                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right) {
     check_qkv_shapes(q, k, v);
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
@@ -155,6 +165,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
 
     flash::FwdParams params;
     set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
+    set_window(params, is_causal, window_left, window_right);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -164,7 +175,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
 std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                 at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
                                 std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
-                                bool deterministic) {
+                                bool deterministic, int64_t window_left, int64_t window_right) {
     FLASH_CHECK_RUNTIME(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
     check_qkv_shapes(q, k, v);
     check_tensor(out, "out", q);
@@ -195,6 +206,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
 
         flash::BwdParams params;
         set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
+        set_window(params, is_causal, window_left, window_right);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
         params.do_head_stride = dout.stride(2);
@@ -236,10 +248,12 @@ std::vector<std::tuple<std::string, int>> built_configs() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flash_attn CUDA kernels";
     m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
-          py::arg("softmax_scale"), py::arg("is_causal"));
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
+          py::arg("window_size_right") = -1);
     m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
-          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"));
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
+          py::arg("window_size_left") = -1, py::arg("window_size_right") = -1);
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
     m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
           "Allow (True, the default) or forbid the sm_90a wgmma kernels");
