@@ -445,3 +445,11 @@ def test_rotary_embedding_backward(device):
     for i in (0, 1):  # the inverse rotation of q's and k's grads, times 2
         ref[:, :, i] = apply_rotary_emb_torch(g[:, :, i], cos, -sin, interleaved=True)
     torch.testing.assert_close(gw, 2.0 * ref)
+
+
+def test_upstream_triton_import_path():
+    # Libraries import the rotary kernel from upstream's Triton module path.
+    from flash_attn.layers.rotary import apply_rotary as ours
+    from flash_attn.ops.triton.rotary import apply_rotary
+
+    assert apply_rotary is ours
