@@ -6,6 +6,9 @@
 #include "flash.h"
 #include "flash_bwd_kernel.h"
 #include "launch_check.h"
+#ifdef FLASH_ATTN_SM90A
+#include "hopper/flash_bwd_launch_sm90.h"
+#endif
 
 namespace flash {
 
@@ -32,6 +35,14 @@ void launch_bwd(BwdParams &params, cudaStream_t stream) {
 // (kBlockM, kBlockN, warps, warps along M for S/dP, along N for dK/dV, along M for dQ).
 template <typename Element, int kHeadDim>
 void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
+#ifdef FLASH_ATTN_SM90A
+    if constexpr (kHasSm90Bwd<kHeadDim>) {
+        if (params.use_sm90) {
+            run_mha_bwd_sm90<Element, kHeadDim>(params, stream);
+            return;
+        }
+    }
+#endif
     if constexpr (kHeadDim <= 64) {
         launch_bwd<BwdKernelTraits<kHeadDim, 128, 128, 8, 4, 4, 4, Element>>(params, stream);
     } else if constexpr (kHeadDim <= 96) {

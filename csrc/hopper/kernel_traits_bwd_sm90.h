@@ -1,0 +1,71 @@
+// Tile shapes, shared-memory layouts and warpgroup MMAs of the sm_90a backward.
+//
+// One CTA owns kBlockN = 128 keys; each of its two warpgroups owns 64 of them and computes the
+// transposed score tiles S^T = K Q^T and dP^T = V dO^T, so that P^T and dS^T come out of the
+// accumulators already in the register layout of the A operand of dV += P^T dO and
+// dK += dS^T Q (no shared-memory round trip for those two GEMMs). dS^T is also written to shared
+// memory, MN-major, for dQ = dS K, which both warpgroups compute together.
+#pragma once
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "../kernel_traits.h"
+#include "kernel_traits_sm90.h"  // GmmaSmemAtomK
+
+namespace flash {
+
+using namespace cute;
+
+template <int kHeadDim_, int kBlockM_, typename Element_>
+struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, 128, 8, Element_> {
+    using Base = KernelTraitsBase<kHeadDim_, kBlockM_, 128, 8, Element_>;
+    using typename Base::Element;
+    using Base::kBlockM;
+    using Base::kBlockN;
+    using Base::kHeadDim;
+    static_assert(kBlockM == 64 || kBlockM == 128);
+    static constexpr int kStages = 2;  // Q, dO, LSE and softmax_d are double-buffered
+
+    using AtomLayoutKV = Layout<Shape<_2, _1, _1>>;  // warpgroup w owns keys [64w, 64w + 64)
+    // S^T = K Q^T and dP^T = V dO^T: (kBlockN, kBlockM), both operands K-major in smem.
+    using TiledMmaSdP = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(), AtomLayoutKV{}));
+    // dV += P^T dO, dK += dS^T Q: (kBlockN, d), A from registers, B = dO^T / Q^T (MN-major).
+    using TiledMmadKV = decltype(make_tiled_mma(
+        GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                             GMMA::Major::MN>(),
+        AtomLayoutKV{}));
+    // dQ = dS K: (kBlockM, d). With 64 query rows the warpgroups split the head dim instead.
+    static constexpr int kdQWgM = kBlockM / 64;
+    static constexpr int kdQWgN = 2 / kdQWgM;
+    using TiledMmadQ = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kdQWgN>, Int<kBlockN>>,
+                             GMMA::Major::MN, GMMA::Major::MN>(),
+        Layout<Shape<Int<kdQWgM>, Int<kdQWgN>, _1>>{}));
+
+    using SmemLayoutQdO = decltype(tile_to_shape(GmmaSmemAtomK<Element, kHeadDim>{},
+                                                 Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+    // Q^T / dO^T (d, m, stage) over the same bytes.
+    using SmemLayoutQdOt = decltype(composition(
+        SmemLayoutQdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+    using SmemLayoutKV = decltype(tile_to_shape(GmmaSmemAtomK<Element, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    using SmemLayoutKt = decltype(composition(
+        SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+    // dS (m, n), m contiguous: the MN-major A operand of dQ = dS K. Written through the (n, m) view.
+    using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    using SmemLayoutdSt = decltype(composition(
+        SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Step<_2, _1>{})));
+    // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
+    using SmemLayoutdKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+    static constexpr int kSmemQdOElems = cosize(SmemLayoutQdO{});
+    static constexpr int kSmemKVElems = cosize(SmemLayoutKV{});
+    static constexpr int kSmemdSElems = cosize(SmemLayoutdS{});
+    static constexpr int kSmemElems = 2 * kSmemQdOElems + 2 * kSmemKVElems + kSmemdSElems;
+    // LSE and softmax_d of each stage follow, in fp32.
+    static constexpr int kSmemSize = kSmemElems * sizeof(Element) + 2 * kStages * kBlockM * sizeof(float);
+    static_assert(2 * cosize(SmemLayoutdKV{}) <= kSmemElems);
+};
+
+}  // namespace flash
