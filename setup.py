@@ -108,8 +108,10 @@ def _extensions():
     defines = []
     for dt in dtypes:
         for d in head_dims:
-            sources += [f"csrc/instantiations/flash_fwd_hdim{d}_{dt}.cu",
-                        f"csrc/instantiations/flash_bwd_hdim{d}_{dt}.cu"]
+            # Plain kernels and the softcap / ALiBi / dropout / deterministic variants ("_feat"),
+            # one translation unit each so that they compile in parallel.
+            sources += [f"csrc/instantiations/flash_{direction}_hdim{d}_{dt}{variant}.cu"
+                        for direction in ("fwd", "bwd") for variant in ("", "_feat")]
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

@@ -2,8 +2,12 @@
 // outputs and workspaces, and calls the dispatcher on the current CUDA stream.
 #include <torch/extension.h>
 
+#include <ATen/cuda/CUDAGeneratorImpl.h>  // not CUDAContext.h: that one wants cusparse.h
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <cmath>
+#include <mutex>
 
 #include <optional>
 #include <sstream>
@@ -121,6 +125,46 @@ void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_
     p.window_right = window_right < 0 ? flash::kWindowUnbounded : static_cast<int>(window_right);
 }
 
+// Softcap: the kernels compute tanh(s * softcap_scale) and scale it by softcap (upstream's scheme),
+// so scale_softmax becomes softcap; the backward's dq / dk scaling follows.
+void set_softcap(flash::FwdParams &p, double softmax_scale, double softcap) {
+    if (softcap <= 0.0) return;  // <= 0 means off (upstream)
+    p.softcap_scale = static_cast<float>(softmax_scale / softcap);
+    p.scale_softmax = static_cast<float>(softcap);
+    p.scale_softmax_log2 = static_cast<float>(softcap * M_LOG2E);
+}
+
+void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q) {
+    if (!alibi_slopes.has_value()) return;
+    const at::Tensor &a = alibi_slopes.value();
+    const int64_t b = q.size(0), h = q.size(2);
+    FLASH_CHECK(a.scalar_type() == at::kFloat, "flash_attn: alibi_slopes must have dtype float32, got ",
+                a.scalar_type());
+    FLASH_CHECK(a.device() == q.device(), "flash_attn: alibi_slopes is on ", a.device(), " but q is on ", q.device());
+    FLASH_CHECK(a.stride(-1) == 1, "flash_attn: alibi_slopes must have a contiguous last dimension");
+    FLASH_CHECK(a.sizes() == at::IntArrayRef({h}) || a.sizes() == at::IntArrayRef({b, h}),
+                "flash_attn: alibi_slopes must have shape (nheads,) = (", h, ",) or (batch_size, nheads) = (", b,
+                ", ", h, "), got ", a.sizes());
+    p.alibi_slopes_ptr = a.data_ptr<float>();
+    p.alibi_slopes_batch_stride = a.dim() == 2 ? a.stride(0) : 0;
+}
+
+void check_dropout(double p_dropout, double softcap) {
+    FLASH_CHECK(p_dropout >= 0.0 && p_dropout < 1.0, "flash_attn: dropout_p must be in [0, 1), got ", p_dropout);
+    FLASH_CHECK(p_dropout == 0.0 || softcap <= 0.0,
+                "flash_attn: softcapping (softcap > 0) does not support dropout (dropout_p > 0), as upstream");
+}
+
+void set_dropout_rates(flash::FwdParams &p, double p_dropout) {
+    p.p_dropout = static_cast<float>(p_dropout);
+    p.rp_dropout = static_cast<float>(1.0 / (1.0 - p_dropout));
+    p.dropout_keep_threshold = static_cast<uint32_t>(std::lround((1.0 - p_dropout) * 256.0));
+}
+
+// Philox counters one dropout call uses per (row, head, batch) subsequence, in 32-bit values (the
+// unit of the generator's offset): 4 counters of 4 words per 128 keys (flash::dropout_counter).
+uint64_t philox_increment(int64_t seqlen_k) { return static_cast<uint64_t>((seqlen_k + 127) / 128) * 16; }
+
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
     FLASH_CHECK_RUNTIME(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
                 " (tile ", tile, "). Rebuild with FLASH_ATTN_HEAD_DIMS including ", tile,
@@ -147,37 +191,85 @@ void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor
                 ") must be divisible by nheads_k (", k.size(2), ")");
 }
 
+// Returns {out, softmax_lse, S_dmask, rng_state}. S_dmask is empty unless return_softmax (which needs
+// dropout); rng_state is (seed, offset) of the dropout mask, zeros without dropout.
 std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right) {
+                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
+                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                bool return_softmax) {
     check_qkv_shapes(q, k, v);
+    check_dropout(p_dropout, softcap);
+    FLASH_CHECK(!return_softmax || p_dropout > 0.0,
+                "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
     const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
-    if (b == 0 || sq == 0 || h == 0) return {out, lse};
+    at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
+    // Testing only: entries of blocks the kernel skips (outside the mask) stay 0.
+    at::Tensor s_dmask = return_softmax ? at::zeros({b, h, round_up(sq, 128), round_up(sk, 128)}, q.options())
+                                        : at::empty({0}, q.options());
+    if (b == 0 || sq == 0 || h == 0) return {out, lse, s_dmask, rng_state};
     if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf (as a fully masked row)
         out.zero_();
         lse.fill_(std::numeric_limits<float>::infinity());
         copy_back(out_, out);
-        return {out_.has_value() ? out_.value() : out, lse};
+        return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }
 
     flash::FwdParams params;
     set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
     set_window(params, is_causal, window_left, window_right);
+    set_softcap(params, softmax_scale, softcap);
+    set_alibi(params, alibi_slopes, q);
+    if (p_dropout > 0.0) {
+        set_dropout_rates(params, p_dropout);
+        auto *gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+            std::nullopt, at::cuda::detail::getDefaultCUDAGenerator(q.get_device()));
+        at::PhiloxCudaState state;
+        {
+            std::lock_guard<std::mutex> lock(gen->mutex_);
+            state = gen->philox_cuda_state(philox_increment(sk));
+        }
+        params.philox.from_device = state.captured_;
+        if (state.captured_) {  // CUDA graph capture: the values live on the device
+            params.philox.seed_ptr = state.seed_.ptr;
+            params.philox.offset_ptr = state.offset_.ptr;
+            params.philox.offset_extra = state.offset_intragraph_;
+        } else {
+            params.philox.seed = state.seed_.val;
+            params.philox.offset = state.offset_.val;
+        }
+        params.rng_state_ptr = rng_state.data_ptr<int64_t>();
+        if (return_softmax) {
+            params.s_dmask_ptr = s_dmask.data_ptr();
+            params.s_dmask_batch_stride = s_dmask.stride(0);
+            params.s_dmask_head_stride = s_dmask.stride(1);
+            params.s_dmask_row_stride = s_dmask.stride(2);
+        }
+    }
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
-    return {out_.has_value() ? out_.value() : out, lse};
+    return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
 }
 
 std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                 at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
                                 std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
-                                bool deterministic, int64_t window_left, int64_t window_right) {
-    FLASH_CHECK_RUNTIME(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
+                                bool deterministic, int64_t window_left, int64_t window_right, double softcap,
+                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                std::optional<at::Tensor> rng_state) {
     check_qkv_shapes(q, k, v);
+    check_dropout(p_dropout, softcap);
+    if (p_dropout > 0.0) {
+        FLASH_CHECK(rng_state.has_value(), "flash_attn: the backward with dropout needs the forward's rng_state");
+        const at::Tensor &r = rng_state.value();
+        FLASH_CHECK(r.device() == q.device() && r.scalar_type() == at::kLong && r.numel() == 2 && r.is_contiguous(),
+                    "flash_attn: rng_state must be a contiguous int64 tensor of 2 elements (seed, offset) on q's "
+                    "device, got ", r.scalar_type(), " ", r.sizes(), " on ", r.device());
+    }
     check_tensor(out, "out", q);
     check_tensor(dout, "dout", q);
     FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
@@ -207,6 +299,21 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         flash::BwdParams params;
         set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
         set_window(params, is_causal, window_left, window_right);
+        set_softcap(params, softmax_scale, softcap);
+        set_alibi(params, alibi_slopes, q);
+        if (p_dropout > 0.0) {
+            set_dropout_rates(params, p_dropout);
+            // The forward's (seed, offset), read on the device: graph-safe, no host sync.
+            params.philox.from_device = true;
+            params.philox.seed_ptr = rng_state.value().data_ptr<int64_t>();
+            params.philox.offset_ptr = params.philox.seed_ptr + 1;
+        }
+        at::Tensor dq_semaphore;
+        if (deterministic) {
+            dq_semaphore = at::zeros({b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
+            params.deterministic = true;
+            params.dq_semaphore_ptr = dq_semaphore.data_ptr<int>();
+        }
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
         params.do_head_stride = dout.stride(2);
@@ -249,11 +356,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flash_attn CUDA kernels";
     m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
-          py::arg("window_size_right") = -1);
+          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false);
     m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
-          py::arg("window_size_left") = -1, py::arg("window_size_right") = -1);
+          py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
+          py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
     m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
           "Allow (True, the default) or forbid the sm_90a wgmma kernels");

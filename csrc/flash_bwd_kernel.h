@@ -6,11 +6,14 @@
 //                  dK += dS^T Q,  dQ += dS K (fp32 atomics into dq_accum)
 //                Q and dO are double-buffered: block m+1 loads while block m computes.
 //   convert_dq:  dq = dq_accum * scale in the input dtype.
+// The kFeat variant adds softcap, ALiBi and dropout (P recomputed exactly as in the forward) and
+// the deterministic dQ order (params.deterministic).
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "block_info.h"
+#include "attn_mods.h"
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // store_tile
 #include "kernel_traits.h"
@@ -79,7 +82,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
     }
 }
 
-template <typename Traits>
+template <typename Traits, bool kFeat>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const __grid_constant__ BwdParams params) {
     using Element = typename Traits::Element;
     using index_t = int64_t;
@@ -92,7 +95,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x;
-    const int n_block = blockIdx.x;
+    // Deterministic mode adds dQ in descending key-block order, so the highest key blocks start
+    // first: a CTA only ever waits for CTAs dispatched before it.
+    const bool deterministic = kFeat && params.deterministic;
+    const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
@@ -275,6 +281,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
     load_QdO(m_block_min, 0);
     cp_async_fence();
 
+    // Feature state; the plain variant never touches it.
+    const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
+    const bool is_dropout = kFeat && params.p_dropout > 0.f;
+    const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
+    int *dq_semaphore = deterministic ? params.dq_semaphore_ptr + (index_t(bidb) * params.h + bidh) *
+                                                                      (params.seqlen_q_rounded / 64)
+                                      : nullptr;
+
     constexpr float kLog2e = 1.4426950408889634f;
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int buf = (m_block - m_block_min) & 1;
@@ -292,6 +306,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
         clear(acc_s);
         gemm_ss(acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, tiled_mma_sdp, smem_copy_sdp_A, smem_copy_sdp_B,
                 thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
+        // Softcap: tanh(s * softcap_scale) is kept for its derivative (1 - tanh^2) * softcap_scale.
+        Tensor tanh_s = make_tensor<float>(conditional_return<kFeat>(acc_s.layout(), Layout<_1>{}));
+        if constexpr (kFeat) {
+            if (score_mod.has_softcap()) {
+                score_mod.apply_softcap(acc_s);
+                cute::copy(acc_s, tanh_s);
+            }
+            score_mod.apply_alibi(acc_s, coords_s, row0, col0);
+        }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) { mask.apply(acc_s, coords_s, row0, col0); }
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         float row_dsum[kNRows];
@@ -313,10 +336,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
         gemm_ss(acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
                 smem_copy_sdp_B, thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
-        CUTE_UNROLL
-        for (int mi = 0; mi < kNRows; ++mi) {
+        if constexpr (kFeat) {
+            if (is_dropout) {
+                // Out = (P * Z) V with Z = keep / (1 - p): dS = P * (dP * Z - rowsum(dO * O)), and
+                // dV takes P * Z (left in acc_s). Element (e, m, n) lies in row e / 2 + 2 m of the
+                // (rows, cols) view.
+                dropout.template for_each<Traits::kWarpsNSdP>(acc_s, coords_s, row0, col0,
+                                                              [&](int e, int m, int n, bool keep) {
+                    const float p = acc_s(e, m, n);
+                    const float dp = keep ? acc_dp(e, m, n) * dropout.rp : 0.f;
+                    acc_dp(e, m, n) = p * (dp - row_dsum[e / 2 + 2 * m]);
+                    acc_s(e, m, n) = keep ? p * dropout.rp : 0.f;
+                });
+            }
+        }
+        if (!is_dropout) {
             CUTE_UNROLL
-            for (int ni = 0; ni < size<1>(dS); ++ni) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - row_dsum[mi]); }
+            for (int mi = 0; mi < kNRows; ++mi) {
+                CUTE_UNROLL
+                for (int ni = 0; ni < size<1>(dS); ++ni) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - row_dsum[mi]); }
+            }
+        }
+        if constexpr (kFeat) {
+            if (score_mod.has_softcap()) {
+                CUTE_UNROLL
+                for (int i = 0; i < size(acc_dp); ++i) {
+                    acc_dp(i) *= (1.f - tanh_s(i) * tanh_s(i)) * score_mod.softcap_scale;
+                }
+            }
         }
 
         Tensor rP = convert_type<Element>(acc_s);
@@ -339,6 +386,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
         Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
         static_assert(decltype(size<0>(acc_dq))::value == 4);
+        if constexpr (kFeat) {
+            if (deterministic) {
+                // Wait for the key blocks above this one that also see this query block.
+                if (tidx == 0) {
+                    const int target = mask.last_n_block_seeing(m_block, kBlockM, kBlockN) - n_block;
+                    const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
+                    while (*sem != target) {}
+                    __threadfence();
+                }
+                __syncthreads();
+            }
+        }
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -347,6 +406,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
             atomicAdd(&tdQgdQaccum(i), acc_dq(i));
             atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
 #endif
+        }
+        if constexpr (kFeat) {
+            if (deterministic) {  // publish this block's dQ, then let the next key block in
+                __threadfence();
+                __syncthreads();
+                if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
+            }
         }
     }
 

@@ -12,7 +12,7 @@
 
 namespace flash {
 
-template <typename Traits>
+template <typename Traits, bool kFeat>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
     using Element = typename Traits::Element;
     const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
@@ -20,7 +20,7 @@ void launch_bwd(BwdParams &params, cudaStream_t stream) {
     FLASH_CHECK_LAUNCH();
 
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_bwd_kernel<Traits>;
+    auto kernel = &flash_bwd_kernel<Traits, kFeat>;
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }
@@ -33,7 +33,8 @@ void launch_bwd(BwdParams &params, cudaStream_t stream) {
 }
 
 // (kBlockM, kBlockN, warps, warps along M for S/dP, along N for dK/dV, along M for dQ).
-template <typename Element, int kHeadDim>
+// kFeat: the softcap / ALiBi / dropout / deterministic variant (its own translation units).
+template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHasSm90Bwd<kHeadDim>) {
@@ -44,13 +45,13 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
     }
 #endif
     if constexpr (kHeadDim <= 64) {
-        launch_bwd<BwdKernelTraits<kHeadDim, 128, 128, 8, 4, 4, 4, Element>>(params, stream);
+        launch_bwd<BwdKernelTraits<kHeadDim, 128, 128, 8, 4, 4, 4, Element>, kFeat>(params, stream);
     } else if constexpr (kHeadDim <= 96) {
-        launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 4, Element>>(params, stream);
+        launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 4, Element>, kFeat>(params, stream);
     } else if constexpr (kHeadDim <= 128) {
-        launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 2, Element>>(params, stream);
+        launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 2, Element>, kFeat>(params, stream);
     } else {
-        launch_bwd<BwdKernelTraits<kHeadDim, 64, 64, 8, 4, 2, 2, Element>>(params, stream);
+        launch_bwd<BwdKernelTraits<kHeadDim, 64, 64, 8, 4, 2, 2, Element>, kFeat>(params, stream);
     }
 }
 

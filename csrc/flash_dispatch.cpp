@@ -11,9 +11,11 @@ namespace flash {
     X(fp16, 32) X(fp16, 64) X(fp16, 96) X(fp16, 128) X(fp16, 192) X(fp16, 256) \
     X(bf16, 32) X(bf16, 64) X(bf16, 96) X(bf16, 128) X(bf16, 192) X(bf16, 256)
 
-#define FLASH_DECLARE(dtype, d)                                            \
-    void run_mha_fwd_##dtype##_hdim##d(FwdParams &params, cudaStream_t stream); \
-    void run_mha_bwd_##dtype##_hdim##d(BwdParams &params, cudaStream_t stream);
+#define FLASH_DECLARE(dtype, d)                                                      \
+    void run_mha_fwd_##dtype##_hdim##d(FwdParams &params, cudaStream_t stream);      \
+    void run_mha_bwd_##dtype##_hdim##d(BwdParams &params, cudaStream_t stream);      \
+    void run_mha_fwd_feat_##dtype##_hdim##d(FwdParams &params, cudaStream_t stream); \
+    void run_mha_bwd_feat_##dtype##_hdim##d(BwdParams &params, cudaStream_t stream);
 FLASH_FOR_EACH_CONFIG(FLASH_DECLARE)
 #undef FLASH_DECLARE
 
@@ -28,11 +30,16 @@ struct Entry {
     int d;
     Runner<FwdParams> fwd;
     Runner<BwdParams> bwd;
+    // Softcap / ALiBi / dropout (/ deterministic backward) variants.
+    Runner<FwdParams> fwd_feat;
+    Runner<BwdParams> bwd_feat;
 };
 
 #define FLASH_IS_BF16_fp16 false
 #define FLASH_IS_BF16_bf16 true
-#define FLASH_ENTRY(dtype, d) {FLASH_IS_BF16_##dtype, d, &run_mha_fwd_##dtype##_hdim##d, &run_mha_bwd_##dtype##_hdim##d},
+#define FLASH_ENTRY(dtype, d)                                                                  \
+    {FLASH_IS_BF16_##dtype, d, &run_mha_fwd_##dtype##_hdim##d, &run_mha_bwd_##dtype##_hdim##d, \
+     &run_mha_fwd_feat_##dtype##_hdim##d, &run_mha_bwd_feat_##dtype##_hdim##d},
 
 const Entry kEntries[] = {
 #ifdef FLASH_ATTN_BUILT_fp16_32
@@ -71,7 +78,7 @@ const Entry kEntries[] = {
 #ifdef FLASH_ATTN_BUILT_bf16_256
     FLASH_ENTRY(bf16, 256)
 #endif
-    {false, 0, nullptr, nullptr},  // sentinel: keeps the array non-empty in a reduced build
+    {false, 0, nullptr, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty in a reduced build
 };
 
 const Entry *find(bool is_bf16, int tile) {
@@ -115,7 +122,7 @@ bool run_mha_fwd(FwdParams &params, cudaStream_t stream) {
     const Entry *e = find(params.is_bf16, params.head_dim_tile);
     if (e == nullptr) return false;
     g_last_error.clear();
-    e->fwd(params, stream);
+    (has_features(params) ? e->fwd_feat : e->fwd)(params, stream);
     return true;
 }
 
@@ -123,7 +130,7 @@ bool run_mha_bwd(BwdParams &params, cudaStream_t stream) {
     const Entry *e = find(params.is_bf16, params.head_dim_tile);
     if (e == nullptr) return false;
     g_last_error.clear();
-    e->bwd(params, stream);
+    (has_features(params) ? e->bwd_feat : e->bwd)(params, stream);
     return true;
 }
 

@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "block_info.h"
+#include "attn_mods.h"
 #include "flash.h"
 #include "kernel_traits.h"
 #include "mask.h"
@@ -44,7 +45,9 @@ __forceinline__ __device__ void store_tile(TensorAcc const &acc, char *smem, Sme
     copy_tile</*kClearOOB=*/false>(gmem_copy, tR, tG, tC, pred, max_rows);
 }
 
-template <typename Traits>
+// kFeat: the variant with softcap, ALiBi and dropout (each on at run time when its parameter is
+// set); the plain variant compiles none of it.
+template <typename Traits, bool kFeat>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
     using index_t = int64_t;
@@ -60,6 +63,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
+
+    if constexpr (kFeat) {
+        if (params.p_dropout > 0.f && params.rng_state_ptr != nullptr && blockIdx.x == 0 && bidb == 0 && bidh == 0 &&
+            tidx == 0) {
+            const PhiloxParams &ph = params.philox;
+            params.rng_state_ptr[0] = ph.from_device ? *ph.seed_ptr : int64_t(ph.seed);
+            params.rng_state_ptr[1] = ph.from_device ? *ph.offset_ptr + int64_t(ph.offset_extra) : int64_t(ph.offset);
+        }
+    }
 
     const BlockInfo binfo(params, bidb);
     const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
@@ -168,6 +180,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     clear(acc_o);
     OnlineSoftmax<kNRows> softmax;
 
+    // Feature state; the plain variant never touches it.
+    const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
+    const bool is_dropout = kFeat && params.p_dropout > 0.f;
+    const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
+
     auto step = [&](auto is_first) {
         Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
         clear(acc_s);
@@ -178,6 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
 
         gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
                 thr_smem_copy_K);
+        if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN); }
         if (mask.tile_needs_mask(row0, n_block * kBlockN, kBlockM, kBlockN)) {
             mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
         }
@@ -190,6 +208,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
         }
 
         softmax.template update<decltype(is_first)::value>(acc_s, acc_o, params.scale_softmax_log2);
+        if constexpr (kFeat) {
+            if (is_dropout) {
+                // P is exp(score - running max) here; dropped elements leave the P V product (the
+                // row sums above already hold every element). S_dmask (testing) gets -P for them.
+                Element *s_dmask = params.s_dmask_ptr == nullptr ? nullptr :
+                    reinterpret_cast<Element *>(params.s_dmask_ptr) + bidb * params.s_dmask_batch_stride +
+                    bidh * params.s_dmask_head_stride;
+                const int col0 = n_block * kBlockN;
+                dropout.template for_each<1>(acc_s, coords_s, row0, col0, [&](int e, int m, int n, bool keep) {
+                    const float p = acc_s(e, m, n);
+                    if (s_dmask != nullptr) {
+                        const int row = row0 + get<0>(coords_s(e, m, n)), col = col0 + get<1>(coords_s(e, m, n));
+                        s_dmask[index_t(row) * params.s_dmask_row_stride + col] = Element(keep ? p : -p);
+                    }
+                    acc_s(e, m, n) = keep ? p : 0.f;
+                });
+            }
+        }
 
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
@@ -200,7 +236,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     for (--n_block; n_block >= n_block_min; --n_block) { step(cute::false_type{}); }
 
     // Epilogue: normalise, write O (through smem, reusing sQ) and the LSE.
-    Tensor lse = softmax.finalize(acc_o, params.scale_softmax);
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
     __syncthreads();  // sQ is about to be overwritten by O
     store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride, rows_left,
                                  params.d, tidx);

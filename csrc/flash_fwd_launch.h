@@ -12,10 +12,10 @@
 
 namespace flash {
 
-template <typename Traits>
+template <typename Traits, bool kFeat>
 void launch_fwd(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_kernel<Traits>;
+    auto kernel = &flash_fwd_kernel<Traits, kFeat>;
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }
@@ -27,10 +27,11 @@ void launch_fwd(FwdParams &params, cudaStream_t stream) {
 
 // (kBlockM, kBlockN, warps) per head-dim tile, sized for the 227 KB of shared memory and the
 // register file of sm_80/sm_90 (accumulators for kBlockM x d outputs stay in registers).
-template <typename Element, int kHeadDim>
+// kFeat: the softcap / ALiBi / dropout variant (its own translation units, *_feat.cu).
+template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
-    if constexpr (kHasSm90Fwd<kHeadDim>) {
+    if constexpr (kHasSm90Fwd<kHeadDim> && !kFeat) {
         if (params.use_sm90) {
             run_mha_fwd_sm90<Element, kHeadDim>(params, stream);
             return;
@@ -38,11 +39,11 @@ void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
     }
 #endif
     if constexpr (kHeadDim <= 64) {
-        launch_fwd<FwdKernelTraits<kHeadDim, 128, 128, 4, Element>>(params, stream);
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 128, 4, Element>, kFeat>(params, stream);
     } else if constexpr (kHeadDim <= 128) {
-        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 4, Element>>(params, stream);
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 4, Element>, kFeat>(params, stream);
     } else {
-        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 8, Element>>(params, stream);
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 8, Element>, kFeat>(params, stream);
     }
 }
 

@@ -93,6 +93,7 @@ struct BwdKernelTraits : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kNWarps
     using Base::kNWarps;
 
     // S = Q K^T and dP = dO V^T: (kBlockM, kBlockN)
+    static constexpr int kWarpsNSdP = kNWarps / kAtomLayoutMSdP;
     using TiledMmaSdP = TiledMMA<MmaAtom, Layout<Shape<Int<kAtomLayoutMSdP>, Int<kNWarps / kAtomLayoutMSdP>, _1>>,
                                  Tile<Int<16 * kAtomLayoutMSdP>, Int<16 * kNWarps / kAtomLayoutMSdP>, _16>>;
     // dK = dS^T Q and dV = P^T dO: (kBlockN, kHeadDim)

@@ -32,6 +32,19 @@ struct Mask {
         m_min = window_right < kWindowUnbounded ? max(0, (col0 - diag - window_right) / M) : 0;
     }
 
+    // The highest key block whose m_block_range contains m_block (for a block that some key block
+    // sees): the key blocks seeing a query block form an interval, as both ends of m_block_range
+    // grow with the key block.
+    __device__ int last_n_block_seeing(int m_block, int M, int N) const {
+        int n_last = ceil_div(seqlen_k, N) - 1;
+        if (window_right < kWindowUnbounded) {
+            // m_min(n) <= m_block  <=>  n * N < (m_block + 1) * M + diag + window_right
+            const int lim = (m_block + 1) * M + diag + window_right;
+            n_last = min(n_last, lim > 0 ? (lim - 1) / N : -1);
+        }
+        return n_last;
+    }
+
     // Whether any element of the (row0.., col0..) tile of size (M, N) needs masking.
     __device__ bool tile_needs_mask(int row0, int col0, int M, int N) const {
         const bool past_end = col0 + N > seqlen_k;

@@ -78,10 +78,10 @@ struct OnlineSoftmax {
         if constexpr (!kFirst) { rescale_o(acc_o, rescale); }
     }
 
-    // Divides acc_o by the row sums and returns the natural-log LSE per row.
-    // A row with no visible key gets out = 0 and lse = +inf (as upstream).
+    // Divides acc_o by the row sums (and multiplies it by o_scale: 1 / (1 - p) with dropout) and
+    // returns the natural-log LSE per row. A row with no visible key gets out = 0 and lse = +inf.
     template <typename TensorO>
-    __forceinline__ __device__ RowTensor finalize(TensorO &acc_o, float scale) {
+    __forceinline__ __device__ RowTensor finalize(TensorO &acc_o, float scale, float o_scale = 1.f) {
         RowTensor lse;
         Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
         CUTE_UNROLL
@@ -89,7 +89,7 @@ struct OnlineSoftmax {
             const float sum = quad_allreduce(row_sum(mi), SumOp{});
             const bool empty = sum == 0.f || sum != sum;
             lse(mi) = empty ? INFINITY : row_max(mi) * scale + __logf(sum);
-            const float inv_sum = empty ? 1.f : 1.f / sum;
+            const float inv_sum = empty ? 1.f : o_scale / sum;
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= inv_sum; }
         }

@@ -9,9 +9,8 @@ Layers (see docs/design.md):
 
 The public functions, the autograd Functions and the two private ops keep the names,
 argument order, defaults and return values of upstream flash-attn 2.8.x, so code written
-against upstream runs unchanged.  Features that this build does not implement yet
-(dropout, sliding-window attention, softcapping, ALiBi, the deterministic backward) raise
-NotImplementedError instead of being silently ignored.
+against upstream runs unchanged, including dropout, sliding-window attention, softcapping,
+ALiBi and the deterministic backward (all computed in the kernels).
 """
 
 import importlib
@@ -107,58 +106,89 @@ def _fmt_shape(x):
     return "(" + ", ".join(str(s) for s in x.shape) + ")"
 
 
-def _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seqlen_k, has_alibi):
-    """Resolve (causal, window_size) exactly as upstream's C++ does and return whether the
-    attention is causal.  Raise NotImplementedError for a real sliding window."""
-    wl, wr = window_size_left, window_size_right
-    if wl >= seqlen_k:
+def _resolve_window(causal, window_size_left, window_size_right, seqlen_q, seqlen_k, has_alibi):
+    """Resolve (causal, window_size) exactly as upstream's C++ does.
+
+    Returns (is_causal, left, right) with -1 for an unbounded side: a side at least seqlen_k
+    long is unbounded, causal means right = 0, and one query row without ALiBi is never causal
+    (the bottom-right-aligned causal mask hides nothing then)."""
+    wl, wr = int(window_size_left), int(window_size_right)
+    if wl >= seqlen_k or wl < 0:
         wl = -1
-    if wr >= seqlen_k:
+    if wr >= seqlen_k or wr < 0:
         wr = -1
     if seqlen_q == 1 and not has_alibi:
-        # With one query row the bottom-right-aligned causal mask hides nothing.
         causal = False
     if causal:
         wr = 0
-    if wl < 0 and wr < 0:
-        return False
-    if wl < 0 and wr == 0:
-        return True
-    raise NotImplementedError(
-        f"flash_attn: window_size=({window_size_left}, {window_size_right}) (sliding-window "
-        "local attention) is not implemented yet in this build; only window_size=(-1, -1), "
-        "or (-1, 0) which is the same as causal=True, is supported"
-    )
+    return (wl < 0 and wr == 0), wl, wr
+
+
+def _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seqlen_k, has_alibi):
+    """Whether (causal, window_size) amount to plain causal attention (see _resolve_window)."""
+    return _resolve_window(causal, window_size_left, window_size_right, seqlen_q, seqlen_k,
+                           has_alibi)[0]
+
+
+def _window_pair(window_size):
+    """window_size as a pair of Python ints: a 2-sequence or a 2-element tensor (as upstream
+    accepts)."""
+    if isinstance(window_size, torch.Tensor):
+        if window_size.numel() != 2:
+            raise FlashAttnValueError(
+                "flash_attn: window_size must be a pair (left, right), got a tensor of shape "
+                f"{_fmt_shape(window_size)}"
+            )
+        left, right = window_size.flatten().tolist()
+        return int(left), int(right)
+    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__") \
+            or len(window_size) != 2:
+        raise FlashAttnValueError(
+            f"flash_attn: window_size must be a pair (left, right), got {window_size!r}"
+        )
+    return int(window_size[0]), int(window_size[1])
+
+
+def _check_alibi(alibi_slopes, batch_size, nheads, device):
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise FlashAttnTypeError(
+            f"flash_attn: alibi_slopes must be a torch.Tensor or None, got "
+            f"{type(alibi_slopes).__name__}"
+        )
+    if alibi_slopes.dtype != torch.float32:
+        raise FlashAttnTypeError(
+            f"flash_attn: alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}"
+        )
+    if tuple(alibi_slopes.shape) not in ((nheads,), (batch_size, nheads)):
+        raise FlashAttnValueError(
+            f"flash_attn: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch_size, "
+            f"nheads) = ({batch_size}, {nheads}), got {_fmt_shape(alibi_slopes)}"
+        )
+    if alibi_slopes.numel() > 0 and alibi_slopes.stride(-1) != 1:
+        raise FlashAttnValueError(
+            "flash_attn: alibi_slopes must have a contiguous last dimension"
+        )
+    if alibi_slopes.device != device:
+        raise FlashAttnValueError(
+            f"flash_attn: alibi_slopes is on device {alibi_slopes.device} but q is on device "
+            f"{device}"
+        )
 
 
 def _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, seqlen_q, seqlen_k):
-    """Raise NotImplementedError for options this build cannot honour; return the effective
-    causal flag."""
-    if dropout_p != 0.0:
-        if not (0.0 <= dropout_p <= 1.0):
-            raise FlashAttnValueError(
-                f"flash_attn: dropout_p must be in [0, 1], got dropout_p={dropout_p}"
-            )
-        raise NotImplementedError(
-            f"flash_attn: dropout_p > 0 is not implemented yet in this build "
-            f"(got dropout_p={dropout_p}); use dropout_p=0.0"
+    """Check the feature arguments as upstream does and return the effective causal flag."""
+    if not (0.0 <= dropout_p < 1.0):
+        raise FlashAttnValueError(
+            f"flash_attn: dropout_p must be in [0, 1), got dropout_p={dropout_p}"
         )
-    if softcap > 0.0:
-        # As upstream, softcap <= 0 means "no softcapping".
-        raise NotImplementedError(
-            f"flash_attn: softcap > 0 (softcapping) is not implemented yet in this build "
-            f"(got softcap={softcap}); use softcap=0.0"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError(
-            "flash_attn: alibi_slopes (ALiBi) is not implemented yet in this build; "
-            "use alibi_slopes=None"
-        )
-    if deterministic:
-        raise NotImplementedError(
-            "flash_attn: deterministic=True (deterministic backward) is not implemented yet "
-            "in this build; use deterministic=False"
+    if softcap > 0.0 and dropout_p > 0.0:
+        # Upstream: "Softcapping does not support dropout for now".
+        raise FlashAttnValueError(
+            f"flash_attn: softcap > 0 (softcap={softcap}) does not support dropout "
+            f"(dropout_p={dropout_p}); softcapping does not support dropout for now, as upstream"
         )
     return _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seqlen_k,
                              alibi_slopes is not None)
@@ -170,8 +200,7 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
 
     Unpacked: pass q, k, v.  QKV-packed: pass q = k = v = None and qkv.  KV-packed: pass q,
     k = v = None and kv.  Raises FlashAttnTypeError / FlashAttnValueError (which are also
-    TypeError / ValueError and RuntimeError) naming the offending argument, or
-    NotImplementedError for an option this build does not implement.
+    TypeError / ValueError and RuntimeError) naming the offending argument.
     """
     if qkv is not None:
         if not isinstance(qkv, torch.Tensor):
@@ -282,12 +311,10 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
                 f"call {name}.contiguous() first"
             )
 
-    if isinstance(window_size, (str, bytes)) or len(window_size) != 2:
-        raise FlashAttnValueError(
-            f"flash_attn: window_size must be a pair (left, right), got {window_size!r}"
-        )
+    window_size = _window_pair(window_size)
     _check_features(dropout_p, causal, window_size[0], window_size[1], softcap, alibi_slopes,
                     deterministic, seqlen_q, seqlen_k)
+    _check_alibi(alibi_slopes, batch_size, nheads, q.device)
 
     device = q.device
     if device.type not in _ALLOWED_DEVICE_TYPES:
@@ -335,12 +362,20 @@ def maybe_contiguous(x):
     return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
-def _check_return_softmax(return_softmax):
-    if return_softmax:
-        raise NotImplementedError(
-            "flash_attn: return_softmax=True (S_dmask, only produced with dropout) is not "
-            "implemented yet in this build"
+def _check_return_softmax(return_softmax, dropout_p):
+    if return_softmax and dropout_p == 0.0:
+        # Upstream: "return_softmax is only supported when p_dropout > 0.0".
+        raise FlashAttnValueError(
+            "flash_attn: return_softmax=True is only supported when dropout_p > 0 (S_dmask "
+            "encodes the dropout mask)"
         )
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal):
+    """The key-block width of the forward kernel that produces S_dmask (as upstream's helper):
+    calls with dropout run the SM80-class forward, 128 keys per block up to head dim 64, else 64."""
+    assert head_dim <= _MAX_HEADDIM
+    return 128 if head_dim <= 64 else 64
 
 
 @_torch_custom_op_wrapper("flash_attn::_flash_attn_forward", mutates_args=(),
@@ -358,15 +393,18 @@ def _flash_attn_forward(
     alibi_slopes: Optional[torch.Tensor],
     return_softmax: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    is_causal = _check_features(dropout_p, causal, window_size_left, window_size_right,
-                                softcap, alibi_slopes, False, q.shape[1], k.shape[1])
-    _check_return_softmax(return_softmax)
+    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, False, q.shape[1], k.shape[1])
+    is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
+                                        k.shape[1], alibi_slopes is not None)
+    _check_return_softmax(return_softmax, dropout_p)
+    _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
-    out, softmax_lse = _ext_for(q).fwd(q, k, v, None, softmax_scale, is_causal)
-    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
-    # No dropout yet, so there is no Philox seed/offset to record.  Zeros rather than
-    # uninitialised memory, so that the op's outputs are deterministic.
-    rng_state = torch.zeros((2,), dtype=torch.int64, device=q.device)
+    # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout.
+    out, softmax_lse, S_dmask, rng_state = _ext_for(q).fwd(
+        q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
+        return_softmax
+    )
     return out, softmax_lse, S_dmask, rng_state
 
 
@@ -386,13 +424,18 @@ def _flash_attn_forward_fake(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
-    _check_return_softmax(return_softmax)
+    _check_return_softmax(return_softmax, dropout_p)
     batch_size, seqlen_q, num_heads, head_size = q.shape
+    seqlen_k = k.shape[1]
     out = torch.empty((batch_size, seqlen_q, num_heads, head_size), dtype=q.dtype,
                       device=q.device)
     softmax_lse = torch.empty((batch_size, num_heads, seqlen_q), dtype=torch.float32,
                               device=q.device)
-    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    if return_softmax:
+        S_dmask = torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128),
+                               round_multiple(seqlen_k, 128)), dtype=q.dtype, device=q.device)
+    else:
+        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
     rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
     return out, softmax_lse, S_dmask, rng_state
 
@@ -419,12 +462,21 @@ def _flash_attn_backward(
     deterministic: bool,
     rng_state: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    is_causal = _check_features(dropout_p, causal, window_size_left, window_size_right,
-                                softcap, alibi_slopes, deterministic, q.shape[1], k.shape[1])
+    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, deterministic, q.shape[1], k.shape[1])
+    is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
+                                        k.shape[1], alibi_slopes is not None)
+    _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
+    if dropout_p > 0.0 and rng_state is None:
+        raise FlashAttnValueError(
+            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
+        )
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
     _, _, _, softmax_d = _ext_for(q).bwd(
-        dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic
+        dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
+        wl, wr, softcap, alibi_slopes, dropout_p,
+        rng_state if dropout_p > 0.0 else None
     )
     return softmax_d
 
@@ -547,6 +599,7 @@ class FlashAttnQKVPackedFunc(torch.autograd.Function):
                 deterministic, return_softmax, is_grad_enabled):
         _check_inputs(None, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
                       deterministic, qkv=qkv)
+        window_size = _window_pair(window_size)
         is_grad = is_grad_enabled and qkv.requires_grad
         q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
@@ -567,6 +620,7 @@ class FlashAttnKVPackedFunc(torch.autograd.Function):
                 deterministic, return_softmax, is_grad_enabled):
         _check_inputs(q, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
                       deterministic, kv=kv)
+        window_size = _window_pair(window_size)
         is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
         k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
@@ -588,6 +642,7 @@ class FlashAttnFunc(torch.autograd.Function):
                 deterministic, return_softmax, is_grad_enabled):
         _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
                       deterministic)
+        window_size = _window_pair(window_size)
         is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_softmax, is_grad)
@@ -617,27 +672,26 @@ _MASK_DOC = """
         0 0
         1 0
         1 1
+    With window_size=(left, right), query i sees keys
+    [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right] (-1: unbounded side).
     A query row that sees no key gets output 0 (and softmax_lse +inf).
 """
 
 _COMMON_ARGS_DOC = """
-        dropout_p: float. Dropout probability; use 0.0 for evaluation.
-            (dropout_p > 0 is not implemented in this build yet and raises
-            NotImplementedError.)
+        dropout_p: float in [0, 1). Dropout probability; use 0.0 for evaluation. The mask
+            comes from PyTorch's CUDA generator (Philox), so torch.manual_seed reproduces it.
         softmax_scale: float. The scaling of QK^T before the softmax.
             Defaults to 1 / sqrt(headdim).
         causal: bool. Whether to apply the causal (auto-regressive) mask.
-        window_size: (left, right). (-1, -1) means an unbounded window. Any other
-            sliding window (other than (-1, 0), which equals causal=True) raises
-            NotImplementedError in this build.
-        softcap: float. A value > 0 turns on softcapping of the scores (not implemented in
-            this build: raises NotImplementedError). 0.0 means off.
+        window_size: (left, right), or a 2-element tensor. If not (-1, -1), implements
+            sliding-window local attention (see above); -1 is an unbounded side.
+        softcap: float. A value > 0 turns on softcapping of the scores:
+            softcap * tanh(QK^T * softmax_scale / softcap). 0.0 means off. Not with dropout.
         alibi_slopes: (nheads,) or (batch_size, nheads), fp32. ALiBi bias
             -alibi_slope * |i + seqlen_k - seqlen_q - j| added to the score of query i and
-            key j (not implemented in this build: raises NotImplementedError).
+            key j.
         deterministic: bool. Whether to use the deterministic backward pass, which is
             slower and uses more memory; the forward pass is always deterministic.
-            (Not implemented in this build: True raises NotImplementedError.)
         return_attn_probs: bool. Whether to also return softmax_lse and S_dmask; for testing
             only. S_dmask is an empty tensor unless dropout is on.
     Return:

@@ -30,8 +30,45 @@ def causal_visible(seqlen_q, seqlen_k, device=None):
     return col <= row + (seqlen_k - seqlen_q)
 
 
-def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None):
-    """Naive attention softmax(Q K^T * scale + mask) V.
+def local_visible(seqlen_q, seqlen_k, window_size=(-1, -1), causal=False, device=None):
+    """(seqlen_q, seqlen_k) bool, or None when everything is visible: query i sees key j iff
+    i + sk - sq - left <= j <= i + sk - sq + right (a negative side is unbounded; causal means
+    right = 0)."""
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return None
+    row = torch.arange(seqlen_q, device=device).view(-1, 1)
+    col = torch.arange(seqlen_k, device=device).view(1, -1)
+    diag = row + (seqlen_k - seqlen_q)
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        visible &= col <= diag + right
+    if left >= 0:
+        visible &= col >= diag - left
+    return visible
+
+
+def alibi_bias(alibi_slopes, seqlen_q, seqlen_k, batch, nheads, device=None):
+    """(batch, nheads, seqlen_q, seqlen_k) fp32: -slope * |i + sk - sq - j|."""
+    slopes = alibi_slopes.float().to(device)
+    if slopes.dim() == 1:
+        slopes = slopes.view(1, nheads).expand(batch, nheads)
+    row = torch.arange(seqlen_q, device=device).view(-1, 1)
+    col = torch.arange(seqlen_k, device=device).view(1, -1)
+    dist = (row + seqlen_k - seqlen_q - col).abs().float()
+    return -slopes.view(batch, nheads, 1, 1) * dist
+
+
+def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None, window_size=(-1, -1),
+                  softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_mask=None):
+    """Naive attention softmax(score + mask) V with the flash_attn features.
+
+    score = Q K^T * scale, then softcap * tanh(score / softcap) if softcap > 0, then the ALiBi
+    bias -slope * |i + sk - sq - j| if alibi_slopes is given; keys outside the causal / sliding
+    window mask are dropped. dropout_mask (b, h, sq, sk) bool, True = kept, applies dropout with
+    probability dropout_p after the softmax (kept probabilities scaled by 1 / (1 - p)).
 
     q: (b, sq, h, d); k, v: (b, sk, hk, d) with h % hk == 0 (GQA/MQA by repeating k/v heads).
     upcast=True computes in fp32, upcast=False in the input dtype.  Returns
@@ -48,8 +85,12 @@ def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None):
         k = k.repeat_interleave(h // hk, dim=2)
         v = v.repeat_interleave(h // hk, dim=2)
     scores = torch.einsum("bthd,bshd->bhts", q, k) * scale
-    if causal:
-        visible = causal_visible(sq, sk, device=q.device)
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes, sq, sk, b, h, device=q.device).to(scores.dtype)
+    visible = local_visible(sq, sk, window_size, causal, device=q.device)
+    if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
         row_valid = visible.any(dim=-1, keepdim=True)  # (sq, 1)
         lse = torch.logsumexp(scores.float(), dim=-1)
@@ -60,15 +101,61 @@ def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None):
     else:
         lse = torch.logsumexp(scores.float(), dim=-1)
         attn = torch.softmax(scores, dim=-1)
+    if dropout_mask is not None:
+        attn = attn.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
     return out.to(dtype_og), lse
 
 
-def visible_rows(seqlen_q, seqlen_k, causal, device=None):
+def philox4x32_10(ctr, key):
+    """Philox4x32-10 on numpy uint64 arrays holding 32-bit words: ctr (4, ...), key (2, ...)."""
+    import numpy as np
+
+    M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    W0, W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = [np.asarray(c, dtype=np.uint64) & mask for c in ctr]
+    k0, k1 = [np.asarray(k, dtype=np.uint64) & mask for k in key]
+    for _ in range(10):
+        p0, p1 = M0 * c0, M1 * c2  # < 2^64: exact
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask,
+                          (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask)
+        k0, k1 = (k0 + W0) & mask, (k1 + W1) & mask
+    return c0, c1, c2, c3
+
+
+def dropout_keep_ref(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p):
+    """(batch, nheads, seqlen_q, seqlen_k) bool CPU tensor: the kernels' dropout keep-mask for the
+    Philox (seed, offset) in rng_state (the function documented in csrc/attn_mods.h)."""
+    import numpy as np
+
+    threshold = int(round((1.0 - dropout_p) * 256))
+    b = np.arange(batch, dtype=np.uint64).reshape(-1, 1, 1, 1)
+    h = np.arange(nheads, dtype=np.uint64).reshape(1, -1, 1, 1)
+    row = np.arange(seqlen_q, dtype=np.uint64).reshape(1, 1, -1, 1)
+    col = np.arange(seqlen_k, dtype=np.uint64).reshape(1, 1, 1, -1)
+    x = np.uint64(offset // 4) + np.uint64(4) * (col // np.uint64(128)) + (col // np.uint64(8)) % np.uint64(4)
+    z = (row // np.uint64(16)) * np.uint64(32) + (row % np.uint64(8)) * np.uint64(4) + (col % np.uint64(8)) // np.uint64(2)
+    w = b * np.uint64(nheads) + h
+    shape = (batch, nheads, seqlen_q, seqlen_k)
+    x, z, w = [np.broadcast_to(a, shape) for a in (x, z, w)]
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    words = philox4x32_10((x & np.uint64(0xFFFFFFFF), x >> np.uint64(32), z, w),
+                          (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
+    byte = ((col % np.uint64(128)) // np.uint64(32)) * np.uint64(4) + \
+        ((row % np.uint64(16)) // np.uint64(8)) * np.uint64(2) + col % np.uint64(2)
+    byte = np.broadcast_to(byte, shape)
+    word = np.select([byte < 4, byte < 8, byte < 12], list(words[:3]), words[3])
+    rand = (word >> (np.uint64(8) * (byte % np.uint64(4)))) & np.uint64(0xFF)
+    return torch.from_numpy(rand < np.uint64(threshold))
+
+
+def visible_rows(seqlen_q, seqlen_k, causal, device=None, window_size=(-1, -1)):
     """(seqlen_q,) bool: the query rows that see at least one key."""
-    if not causal:
+    visible = local_visible(seqlen_q, seqlen_k, window_size, causal, device=device)
+    if visible is None:
         return torch.ones(seqlen_q, dtype=torch.bool, device=device)
-    return causal_visible(seqlen_q, seqlen_k, device=device).any(dim=-1)
+    return visible.any(dim=-1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -80,25 +167,25 @@ def max_err(a, b):
     return (a.float() - b.float()).abs().max().item()
 
 
-def assert_close_to_ref(name, ours, ref, ref_lowprec, slack):
-    """The error rule: |ours - ref_fp32|_max <= 2 * |ref_lowprec - ref_fp32|_max + slack."""
+def assert_close_to_ref(name, ours, ref, ref_lowprec, slack, factor=2):
+    """The error rule: |ours - ref_fp32|_max <= factor * |ref_lowprec - ref_fp32|_max + slack."""
     assert ours.shape == ref.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
     assert not torch.isnan(ours).any(), f"{name} contains NaN"
     assert torch.isfinite(ours).all(), f"{name} contains inf"
     err = max_err(ours, ref)
     pt_err = max_err(ref_lowprec, ref)
-    bound = 2 * pt_err + slack
+    bound = factor * pt_err + slack
     assert err <= bound, (
         f"{name}: max abs error vs fp32 reference {err:.3e} > bound {bound:.3e} "
-        f"(2 x PyTorch {ref_lowprec.dtype} error {pt_err:.3e} + {slack:.0e})"
+        f"({factor} x PyTorch {ref_lowprec.dtype} error {pt_err:.3e} + {slack:.0e})"
     )
 
 
-def assert_lse_close(lse, lse_ref, seqlen_q, seqlen_k, causal):
+def assert_lse_close(lse, lse_ref, seqlen_q, seqlen_k, causal, window_size=(-1, -1)):
     assert lse.dtype == torch.float32, f"softmax_lse dtype {lse.dtype}, expected float32"
     assert lse.shape == lse_ref.shape, f"softmax_lse shape {tuple(lse.shape)} != {tuple(lse_ref.shape)}"
     assert not torch.isnan(lse).any(), "softmax_lse contains NaN"
-    rows = visible_rows(seqlen_q, seqlen_k, causal, device=lse.device)
+    rows = visible_rows(seqlen_q, seqlen_k, causal, device=lse.device, window_size=window_size)
     torch.testing.assert_close(
         lse[..., rows], lse_ref[..., rows], atol=LSE_ATOL, rtol=LSE_RTOL,
         msg=lambda m: "softmax_lse mismatch on rows with visible keys:\n" + m,
@@ -111,33 +198,41 @@ def assert_lse_close(lse, lse_ref, seqlen_q, seqlen_k, causal):
         )
 
 
-def ref_fwd_bwd(q, k, v, dout, causal, softmax_scale=None):
+def ref_fwd_bwd(q, k, v, dout, causal, softmax_scale=None, **features):
     """fp32 and low-precision references: ((out, lse, dq, dk, dv), (out_pt, dq_pt, dk_pt, dv_pt)).
 
-    q, k, v must be leaves with requires_grad=True."""
+    q, k, v must be leaves with requires_grad=True; features: attention_ref's window_size,
+    softcap, alibi_slopes, dropout_p, dropout_mask."""
     out_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=True,
-                                     softmax_scale=softmax_scale)
+                                     softmax_scale=softmax_scale, **features)
     grads_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
-    out_pt, _ = attention_ref(q, k, v, causal=causal, upcast=False, softmax_scale=softmax_scale)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, upcast=False, softmax_scale=softmax_scale,
+                              **features)
     grads_pt = torch.autograd.grad(out_pt, (q, k, v), dout)
     return (out_ref, lse_ref, *grads_ref), (out_pt, *grads_pt)
 
 
-def check_against_ref(out, lse, grads, q, k, v, dout, causal, softmax_scale=None):
+def check_against_ref(out, lse, grads, q, k, v, dout, causal, softmax_scale=None,
+                      grad_factor=2, **features):
     """Check out, softmax_lse (if not None) and grads (dq, dk, dv; or None) of our kernel
-    against the references computed from the same q, k, v (leaves requiring grad)."""
+    against the references computed from the same q, k, v (leaves requiring grad).
+
+    features go to attention_ref (window_size, softcap, alibi_slopes, dropout_p,
+    dropout_mask); grad_factor is the multiple of the low-precision error the gradients may
+    have (2 for the plain kernels, 3 for the feature tests)."""
     (out_ref, lse_ref, dq_ref, dk_ref, dv_ref), (out_pt, dq_pt, dk_pt, dv_pt) = ref_fwd_bwd(
-        q, k, v, dout, causal, softmax_scale
+        q, k, v, dout, causal, softmax_scale, **features
     )
     assert out.dtype == q.dtype
     assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
     if lse is not None:
-        assert_lse_close(lse, lse_ref, q.shape[1], k.shape[1], causal)
+        assert_lse_close(lse, lse_ref, q.shape[1], k.shape[1], causal,
+                         features.get("window_size", (-1, -1)))
     if grads is not None:
         dq, dk, dv = grads
-        assert_close_to_ref("dq", dq, dq_ref, dq_pt, GRAD_SLACK)
-        assert_close_to_ref("dk", dk, dk_ref, dk_pt, GRAD_SLACK)
-        assert_close_to_ref("dv", dv, dv_ref, dv_pt, GRAD_SLACK)
+        assert_close_to_ref("dq", dq, dq_ref, dq_pt, GRAD_SLACK, grad_factor)
+        assert_close_to_ref("dk", dk, dk_ref, dk_pt, GRAD_SLACK, grad_factor)
+        assert_close_to_ref("dv", dv, dv_ref, dv_pt, GRAD_SLACK, grad_factor)
 
 
 # ---------------------------------------------------------------------------------------

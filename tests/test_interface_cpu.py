@@ -1,7 +1,7 @@
 """Tests of the Python layer that run without a GPU (CPU and meta tensors).
 
-They cover the public surface (names, signatures, defaults, op schemas), input validation,
-the NotImplementedError of features not built yet, the fake (meta) implementations of the
+They cover the public surface (names, signatures, defaults, op schemas), input validation
+(including the feature arguments: window, softcap, ALiBi, dropout), the fake (meta) implementations of the
 custom ops and their use under torch.compile, and - with the kernel replaced by a CPU
 reference - the head-dim padding, softmax_scale defaulting and gradient plumbing of the
 autograd Functions.
@@ -227,29 +227,45 @@ def test_packed_layout_validation(device):
 
 
 # ---------------------------------------------------------------------------------------
-# Features not built yet: NotImplementedError naming the argument
+# Feature arguments: upstream's errors for bad or forbidden combinations, naming the argument
 # ---------------------------------------------------------------------------------------
 
-UNSUPPORTED = [
-    ({"dropout_p": 0.1}, r"dropout_p > 0 is not implemented"),
-    ({"window_size": (4, 4)}, r"window_size=\(4, 4\).*not implemented"),
-    ({"window_size": (-1, 3)}, r"window_size=\(-1, 3\).*not implemented"),
-    ({"window_size": (16, -1)}, r"window_size=\(16, -1\).*not implemented"),
-    ({"window_size": (16, -1), "causal": True}, r"window_size=\(16, -1\).*not implemented"),
-    ({"softcap": 30.0}, r"softcap > 0.*not implemented"),
-    ({"alibi_slopes": "ALIBI"}, r"alibi_slopes.*not implemented"),
-    ({"deterministic": True}, r"deterministic=True.*not implemented"),
+BAD_FEATURES = [
+    ({"dropout_p": -0.1}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ({"dropout_p": 1.0}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ({"dropout_p": 1.5}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ({"softcap": 30.0, "dropout_p": 0.1}, ValueError, r"softcap.*does not support dropout"),
+    ({"alibi_slopes": "F64"}, TypeError, r"alibi_slopes must have dtype torch.float32"),
+    ({"alibi_slopes": "SHAPE"}, ValueError, r"alibi_slopes must have shape \(nheads,\)"),
+    ({"alibi_slopes": "BATCH"}, ValueError, r"alibi_slopes must have shape"),
+    ({"alibi_slopes": "LIST"}, TypeError, r"alibi_slopes must be a torch.Tensor"),
+    ({"window_size": (1, 2, 3)}, ValueError, r"window_size must be a pair"),
+    ({"window_size": "TENSOR3"}, ValueError, r"window_size must be a pair"),
 ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kwargs, match", UNSUPPORTED,
-                         ids=[next(iter(k)) + str(i) for i, (k, _) in enumerate(UNSUPPORTED)])
-@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
-def test_unsupported_features_raise(variant, kwargs, match, device):
+def _bad_feature_kwargs(kwargs, device, nheads=6, batch=2):
     kwargs = dict(kwargs)
-    if kwargs.get("alibi_slopes") == "ALIBI":
-        kwargs["alibi_slopes"] = torch.ones(6, dtype=torch.float32, device=device)
+    special = kwargs.get("alibi_slopes")
+    if special == "F64":
+        kwargs["alibi_slopes"] = torch.ones(nheads, dtype=torch.float64, device=device)
+    elif special == "SHAPE":
+        kwargs["alibi_slopes"] = torch.ones(nheads + 1, dtype=torch.float32, device=device)
+    elif special == "BATCH":
+        kwargs["alibi_slopes"] = torch.ones(batch + 1, nheads, dtype=torch.float32, device=device)
+    elif special == "LIST":
+        kwargs["alibi_slopes"] = [1.0] * nheads
+    if kwargs.get("window_size") == "TENSOR3":
+        kwargs["window_size"] = torch.tensor([1, 2, 3])
+    return kwargs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kwargs, exc, match", BAD_FEATURES,
+                         ids=[f"{next(iter(k))}{i}" for i, (k, _, _) in enumerate(BAD_FEATURES)])
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+def test_bad_feature_arguments_raise(variant, kwargs, exc, match, device):
+    kwargs = _bad_feature_kwargs(kwargs, device)
     if variant == "func":
         q, k, v = _qkv(device=device)
         call = lambda: flash_attn_func(q, k, v, **kwargs)  # noqa: E731
@@ -260,15 +276,47 @@ def test_unsupported_features_raise(variant, kwargs, match, device):
         q = _t(2, 17, 6, 64, device=device)
         kv = _t(2, 33, 2, 2, 64, device=device)
         call = lambda: flash_attn_kvpacked_func(q, kv, **kwargs)  # noqa: E731
-    with pytest.raises(NotImplementedError, match=match):
+    with pytest.raises(exc, match=match):
         call()
 
 
-@pytest.mark.parametrize("dropout_p", [-0.1, 1.5])
-def test_dropout_out_of_range(dropout_p):
-    q, k, v = _qkv()
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\]"):
-        flash_attn_func(q, k, v, dropout_p=dropout_p)
+def test_no_not_implemented_for_feature_arguments():
+    """Every feature argument upstream accepts is accepted (meta tensors: shapes only)."""
+    q, k, v = _qkv(requires_grad=True)
+    slopes = torch.rand(6, device="meta")
+    cases = [
+        {"window_size": (4, 4)},
+        {"window_size": (-1, 3)},
+        {"window_size": (16, -1), "causal": True},
+        {"window_size": torch.tensor([3, 0])},
+        {"softcap": 30.0},
+        {"softcap": 30.0, "window_size": (8, 0)},
+        {"alibi_slopes": slopes},
+        {"alibi_slopes": torch.rand(2, 6, device="meta"), "causal": True},
+        {"dropout_p": 0.1},
+        {"dropout_p": 0.1, "alibi_slopes": slopes, "window_size": (5, 2), "causal": True},
+        {"deterministic": True},
+    ]
+    for kwargs in cases:
+        out = flash_attn_func(q, k, v, **kwargs)
+        assert out.shape == q.shape
+        grads = torch.autograd.grad(out, (q, k, v), torch.empty_like(out))
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+@pytest.mark.parametrize("sq, sk", [(17, 33), (128, 128), (129, 200)])
+def test_meta_dropout_returns_s_dmask(sq, sk):
+    q, k, v = _qkv(sq=sq, sk=sk)
+    out, lse, S_dmask = flash_attn_func(q, k, v, dropout_p=0.2, return_attn_probs=True)
+    r = lambda x: (x + 127) // 128 * 128  # noqa: E731
+    assert S_dmask.shape == (2, 6, r(sq), r(sk)) and S_dmask.dtype == q.dtype
+
+
+def test_get_block_size_n():
+    for d in (32, 64):
+        assert fi._get_block_size_n("cuda", d, True, False) == 128
+    for d in (96, 128, 256):
+        assert fi._get_block_size_n("cuda", d, True, True) == 64
 
 
 @pytest.mark.parametrize(
@@ -282,6 +330,10 @@ def test_dropout_out_of_range(dropout_p):
         (False, (-1, 33)),
         (True, (100, 100)),
         (False, [-1, -1]),  # a list is fine
+        (False, (4, 4)),
+        (False, (0, 0)),
+        (True, (7, -1)),
+        (False, torch.tensor([3, 2])),  # a 2-element tensor is fine (upstream)
     ],
 )
 def test_supported_window_sizes_accepted(causal, window_size):
@@ -300,10 +352,30 @@ def test_supported_window_sizes_accepted(causal, window_size):
         (True, (-1, -1), 1, False),  # one query row: causal hides nothing
         (False, (40, 40), 17, False),
         (True, (33, -1), 17, True),
+        (False, (4, 0), 17, False),
+        (True, (4, -1), 17, False),  # a sliding window, not plain causal
     ],
 )
 def test_effective_causal(causal, window_size, seqlen_q, expected):
     assert fi._effective_causal(causal, *window_size, seqlen_q, 33, False) is expected
+
+
+@pytest.mark.parametrize(
+    "causal, window_size, seqlen_q, has_alibi, expected",
+    [
+        (False, (-1, -1), 17, False, (False, -1, -1)),
+        (True, (-1, -1), 17, False, (True, -1, 0)),
+        (True, (-1, 9), 17, False, (True, -1, 0)),
+        (False, (4, 3), 17, False, (False, 4, 3)),
+        (False, (33, 40), 17, False, (False, -1, -1)),  # sides >= seqlen_k are unbounded
+        (False, (-5, 2), 17, False, (False, -1, 2)),  # any negative side is unbounded
+        (True, (4, -1), 1, False, (False, 4, -1)),  # one query row: causal dropped
+        (True, (4, -1), 1, True, (False, 4, 0)),  # ... unless ALiBi (upstream)
+        (True, (32, -1), 17, False, (False, 32, 0)),
+    ],
+)
+def test_resolve_window(causal, window_size, seqlen_q, has_alibi, expected):
+    assert fi._resolve_window(causal, *window_size, seqlen_q, 33, has_alibi) == expected
 
 
 def test_softcap_negative_means_off():
@@ -371,13 +443,16 @@ def test_fake_ops_on_meta():
     sd2 = torch.ops.flash_attn._flash_attn_backward(
         q2, q2, q2, q2, q2, lse2, None, None, None, 0.0, 0.125, False, -1, -1, 0.0, None, False)
     assert sd2.shape == (1, 2, 256)
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        torch.ops.flash_attn._flash_attn_forward(q, k, v, 0.1, 0.125, True, -1, -1, 0.0, None, False)
-    with pytest.raises(NotImplementedError, match="return_softmax"):
+    _, _, S3, rng3 = torch.ops.flash_attn._flash_attn_forward(
+        q, k, v, 0.1, 0.125, True, 4, -1, 0.0, None, True)
+    assert S3.shape == (2, 6, 128, 128) and rng3.shape == (2,)
+    with pytest.raises(ValueError, match="return_softmax=True is only supported when dropout_p > 0"):
         torch.ops.flash_attn._flash_attn_forward(q, k, v, 0.0, 0.125, True, -1, -1, 0.0, None, True)
-    with pytest.raises(NotImplementedError, match="deterministic"):
-        torch.ops.flash_attn._flash_attn_backward(
-            out, q, k, v, out, lse, dq, dk, dv, 0.0, 0.125, True, -1, -1, 0.0, None, True, rng)
+    with pytest.raises(ValueError, match="softcap"):
+        torch.ops.flash_attn._flash_attn_forward(q, k, v, 0.1, 0.125, True, -1, -1, 5.0, None, False)
+    sd3 = torch.ops.flash_attn._flash_attn_backward(
+        out, q, k, v, out, lse, dq, dk, dv, 0.1, 0.125, True, 3, 2, 0.0, None, True, rng)
+    assert sd3.shape == (2, 6, 128)
 
 
 @pytest.mark.skipif(not fi._HAS_CUSTOM_OP, reason="torch < 2.4 has no torch.library.custom_op")
@@ -433,30 +508,52 @@ class _CpuKernel:
         self.fwd_calls = []
         self.bwd_calls = []
 
+    @staticmethod
+    def _features(q, k, dropout_p, causal, window_size_left, window_size_right, softcap,
+                  alibi_slopes, rng_state):
+        """The op's arguments as attention_ref features (window resolved as the binding does;
+        the dropout mask from the Python reference of the kernels' Philox mask)."""
+        from fa_test_utils import dropout_keep_ref
+
+        is_causal, wl, wr = fi._resolve_window(causal, window_size_left, window_size_right,
+                                               q.shape[1], k.shape[1], alibi_slopes is not None)
+        feats = {"window_size": (wl, wr), "softcap": softcap, "alibi_slopes": alibi_slopes}
+        if dropout_p > 0:
+            seed, offset = rng_state.tolist()
+            feats["dropout_p"] = dropout_p
+            feats["dropout_mask"] = dropout_keep_ref(seed, offset, q.shape[0], q.shape[2],
+                                                     q.shape[1], k.shape[1], dropout_p)
+        return is_causal, feats
+
     def fwd(self, q, k, v, dropout_p, softmax_scale, causal, window_size_left,
             window_size_right, softcap, alibi_slopes, return_softmax):
-        is_causal = fi._check_features(dropout_p, causal, window_size_left, window_size_right,
-                                       softcap, alibi_slopes, False, q.shape[1], k.shape[1])
+        fi._check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                           alibi_slopes, False, q.shape[1], k.shape[1])
+        rng_state = torch.tensor([1234 + len(self.fwd_calls), 8 * len(self.fwd_calls)])
+        is_causal, feats = self._features(q, k, dropout_p, causal, window_size_left,
+                                          window_size_right, softcap, alibi_slopes, rng_state)
         self.fwd_calls.append({"headdim": q.shape[-1], "k_headdim": k.shape[-1],
                                "v_headdim": v.shape[-1], "softmax_scale": softmax_scale,
-                               "causal": is_causal})
+                               "causal": is_causal, **feats})
         out, lse = attention_ref(q.float(), k.float(), v.float(), causal=is_causal,
-                                 softmax_scale=softmax_scale)
-        return (out.to(q.dtype), lse, torch.empty(0, dtype=q.dtype),
-                torch.empty(2, dtype=torch.int64))
+                                 softmax_scale=softmax_scale, **feats)
+        return out.to(q.dtype), lse, torch.empty(0, dtype=q.dtype), rng_state
 
     def bwd(self, dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
             causal, window_size_left, window_size_right, softcap, alibi_slopes, deterministic,
             rng_state=None):
-        is_causal = fi._check_features(dropout_p, causal, window_size_left, window_size_right,
-                                       softcap, alibi_slopes, deterministic, q.shape[1],
-                                       k.shape[1])
+        fi._check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                           alibi_slopes, deterministic, q.shape[1], k.shape[1])
+        is_causal, feats = self._features(q, k, dropout_p, causal, window_size_left,
+                                          window_size_right, softcap, alibi_slopes, rng_state)
         self.bwd_calls.append({"dout_headdim": dout.shape[-1], "headdim": q.shape[-1],
                                "softmax_scale": softmax_scale,
-                               "dq_is_view": dq._base is not None})
+                               "dq_is_view": dq._base is not None,
+                               "deterministic": deterministic})
         with torch.enable_grad():
             qf, kf, vf = [x.detach().float().requires_grad_() for x in (q, k, v)]
-            o, _ = attention_ref(qf, kf, vf, causal=is_causal, softmax_scale=softmax_scale)
+            o, _ = attention_ref(qf, kf, vf, causal=is_causal, softmax_scale=softmax_scale,
+                                 **feats)
             gq, gk, gv = torch.autograd.grad(o, (qf, kf, vf), dout.float())
         dq.copy_(gq)
         dk.copy_(gk)
@@ -552,6 +649,110 @@ def test_padding_and_grads_kvpacked(cpu_kernel, d):
     _assert_bf16_close(dq, dq_ref, "dq")
     _assert_bf16_close(dkv[:, :, 0], dk_ref, "dk")
     _assert_bf16_close(dkv[:, :, 1], dv_ref, "dv")
+
+
+FEATURE_CASES = [
+    {"window_size": (3, 2)},
+    {"window_size": (0, 0)},
+    {"window_size": (5, -1), "causal": True},
+    {"window_size": torch.tensor([4, 1])},
+    {"softcap": 2.0},
+    {"softcap": 2.0, "window_size": (6, 0)},
+    {"alibi_slopes": "H"},
+    {"alibi_slopes": "BH", "causal": True},
+    {"dropout_p": 0.3},
+    {"dropout_p": 0.3, "alibi_slopes": "H", "window_size": (4, 1), "causal": True},
+]
+
+
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+@pytest.mark.parametrize("kwargs", FEATURE_CASES, ids=[str(i) for i in range(len(FEATURE_CASES))])
+def test_feature_arguments_reach_the_kernel(cpu_kernel, variant, kwargs):
+    """The feature arguments travel through every entry point to the op unchanged, forward and
+    backward (the CPU kernel is the fp32 reference with the same features)."""
+    b, s, h, d = 2, 13, 4, 24
+    hk = 2 if variant != "qkvpacked" else h
+    kwargs = dict(kwargs)
+    if kwargs.get("alibi_slopes") == "H":
+        kwargs["alibi_slopes"] = torch.rand(h) * 0.5
+    elif kwargs.get("alibi_slopes") == "BH":
+        kwargs["alibi_slopes"] = torch.rand(b, h) * 0.5
+    q = torch.randn(b, s, h, d, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, hk, d, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, hk, d, dtype=torch.bfloat16, requires_grad=True)
+    if variant == "func":
+        inputs = (q, k, v)
+        out = flash_attn_func(q, k, v, **kwargs)
+    elif variant == "qkvpacked":
+        qkv = torch.stack([q, k, v], dim=2).detach().requires_grad_()
+        inputs = (qkv,)
+        out = flash_attn_qkvpacked_func(qkv, **kwargs)
+    else:
+        kv = torch.stack([k, v], dim=2).detach().requires_grad_()
+        inputs = (q, kv)
+        out = flash_attn_kvpacked_func(q, kv, **kwargs)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, inputs, dout)
+    (call,) = cpu_kernel.fwd_calls
+    (bcall,) = cpu_kernel.bwd_calls
+    assert bcall["deterministic"] is False
+    # The reference on the same features (and the dropout mask the kernel used).
+    feats = {key: call[key] for key in ("window_size", "softcap", "alibi_slopes", "dropout_p",
+                                        "dropout_mask") if key in call}
+    qr, kr, vr = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    out_ref, _ = attention_ref(qr, kr, vr, causal=call["causal"], **feats)
+    dq_ref, dk_ref, dv_ref = torch.autograd.grad(out_ref, (qr, kr, vr), dout.float())
+    _assert_bf16_close(out, out_ref, "out")
+    if variant == "func":
+        got = grads
+    elif variant == "qkvpacked":
+        got = grads[0].unbind(2)
+    else:
+        got = (grads[0], *grads[1].unbind(2))
+    for g, r, name in zip(got, (dq_ref, dk_ref, dv_ref), ("dq", "dk", "dv")):
+        _assert_bf16_close(g, r, name)
+    # What the op saw, resolved as upstream's C++ does.
+    window = kwargs.get("window_size", (-1, -1))
+    if isinstance(window, torch.Tensor):
+        window = tuple(window.tolist())
+    expect = fi._resolve_window(kwargs.get("causal", False), *window, s, s,
+                                "alibi_slopes" in kwargs)
+    assert (call["causal"], *call["window_size"]) == expect
+
+
+def test_deterministic_reaches_the_backward(cpu_kernel):
+    q, k, v = [torch.randn(1, 5, 2, 16, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3)]
+    out = flash_attn_func(q, k, v, deterministic=True)
+    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert cpu_kernel.bwd_calls[0]["deterministic"] is True
+
+
+def test_reference_window_mask():
+    from fa_test_utils import local_visible
+
+    vis = local_visible(3, 5, (1, 0))  # diag offset 2: row i sees [i + 1, i + 2]
+    assert vis.int().tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    vis = local_visible(4, 2, (0, 0), causal=True)  # diag offset -2
+    assert vis.int().tolist() == [[0, 0], [0, 0], [1, 0], [0, 1]]
+    assert local_visible(4, 4, (-1, -1)) is None
+
+
+def test_dropout_reference_mask():
+    from fa_test_utils import dropout_keep_ref, philox4x32_10
+
+    # Philox4x32-10 known answers (Random123).
+    assert [int(x) for x in philox4x32_10([0, 0, 0, 0], [0, 0])] == \
+        [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert [int(x) for x in philox4x32_10([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344],
+                                          [0xA4093822, 0x299F31D0])] == \
+        [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+    m = dropout_keep_ref(42, 1024, 2, 3, 256, 512, 0.25)
+    assert abs(m.float().mean().item() - 0.75) < 0.01
+    assert torch.equal(m, dropout_keep_ref(42, 1024, 2, 3, 256, 512, 0.25))
+    assert not torch.equal(m, dropout_keep_ref(42, 1040, 2, 3, 256, 512, 0.25))
+    # Mask of a sub-rectangle = the sub-rectangle of the mask (a pure function of the indices).
+    assert torch.equal(dropout_keep_ref(42, 1024, 2, 3, 100, 300, 0.25), m[:, :, :100, :300])
 
 
 def test_saves_for_backward_only_when_needed(cpu_kernel):

@@ -3,6 +3,6 @@
 
 namespace flash {
 void run_mha_bwd_fp16_hdim192(BwdParams &params, cudaStream_t stream) {
-    run_mha_bwd_<cutlass::half_t, 192>(params, stream);
+    run_mha_bwd_<cutlass::half_t, 192, false>(params, stream);
 }
 }  // namespace flash

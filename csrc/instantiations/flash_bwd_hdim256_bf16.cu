@@ -3,6 +3,6 @@
 
 namespace flash {
 void run_mha_bwd_bf16_hdim256(BwdParams &params, cudaStream_t stream) {
-    run_mha_bwd_<cutlass::bfloat16_t, 256>(params, stream);
+    run_mha_bwd_<cutlass::bfloat16_t, 256, false>(params, stream);
 }
 }  // namespace flash

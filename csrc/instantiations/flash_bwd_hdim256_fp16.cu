@@ -3,6 +3,6 @@
 
 namespace flash {
 void run_mha_bwd_fp16_hdim256(BwdParams &params, cudaStream_t stream) {
-    run_mha_bwd_<cutlass::half_t, 256>(params, stream);
+    run_mha_bwd_<cutlass::half_t, 256, false>(params, stream);
 }
 }  // namespace flash

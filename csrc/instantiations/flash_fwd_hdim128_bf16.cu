@@ -3,6 +3,6 @@
 
 namespace flash {
 void run_mha_fwd_bf16_hdim128(FwdParams &params, cudaStream_t stream) {
-    run_mha_fwd_<cutlass::bfloat16_t, 128>(params, stream);
+    run_mha_fwd_<cutlass::bfloat16_t, 128, false>(params, stream);
 }
 }  // namespace flash

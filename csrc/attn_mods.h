@@ -1,0 +1,180 @@
+// Score modifiers (softcap, ALiBi) and dropout for the "feature" variants of the kernels.
+// (Not named features.h: with -I csrc that would shadow glibc's <features.h>.)
+//
+// Dropout mask. Element (row, col) of head (b, h) is kept iff byte `byte_of(row, col)` of
+//   Philox4x32-10(key = seed, counter = (offset / 4 + 4 * (col / 128) + (col / 8) % 4,   [x, y: 64-bit]
+//                                        16-row block * 32 + lane(row, col),            [z]
+//                                        b * nheads + h))                               [w]
+// is below dropout_keep_threshold, where lane(row, col) = (row % 8) * 4 + (col % 8) / 2 and
+// byte_of(row, col) = ((col % 128) / 32) * 4 + ((row % 16) / 8) * 2 + col % 2.
+// It is a pure function of (seed, offset, b, h, row, col), so the forward and the backward agree
+// whatever their tiles. The grouping follows the m16n8 MMA accumulator: one Philox call yields
+// the 16 bytes that one thread needs for one 16-row block and four 8-column atoms 32 columns
+// apart, which is exactly what a thread owns whenever its warp's atoms along N are 8, 16 or 32
+// columns apart (1, 2 or 4 warps along N) inside a 128-column-aligned group. (Upstream's mask
+// differs; only the convention "dropped = negative in S_dmask" is shared.)
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "flash.h"
+
+namespace flash {
+
+using namespace cute;
+
+// ---- Philox4x32-10 (Salmon et al., SC'11) -------------------------------------------------------
+
+__host__ __device__ __forceinline__ uint32_t mulhi32(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+    return __umulhi(a, b);
+#else
+    return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+#endif
+}
+
+__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
+    constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+    constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        const uint32_t hi0 = mulhi32(kM0, ctr.x), lo0 = kM0 * ctr.x;
+        const uint32_t hi1 = mulhi32(kM1, ctr.z), lo1 = kM1 * ctr.z;
+        ctr = make_uint4(hi1 ^ ctr.y ^ k0, lo1, hi0 ^ ctr.w ^ k1, lo0);
+        k0 += kW0;
+        k1 += kW1;
+    }
+    return ctr;
+}
+
+// The counter of the Philox call that covers element (row, col) (see the top of the file).
+__host__ __device__ __forceinline__ uint4 dropout_counter(uint64_t base, uint32_t bh, int row, int col) {
+    const uint64_t x = base + uint64_t(4 * (col / 128) + (col / 8) % 4);
+    const uint32_t z = uint32_t(row / 16) * 32u + uint32_t((row % 8) * 4 + (col % 8) / 2);
+    return make_uint4(uint32_t(x), uint32_t(x >> 32), z, bh);
+}
+
+__host__ __device__ __forceinline__ int dropout_byte_of(int row, int col) {
+    return ((col % 128) / 32) * 4 + ((row % 16) / 8) * 2 + col % 2;
+}
+
+// Reference form, one element at a time (host-side checks and documentation).
+__host__ __device__ inline bool dropout_keep_ref(uint64_t seed, uint64_t offset, uint32_t bh, int row, int col,
+                                                 uint32_t threshold) {
+    const uint4 r = philox4x32_10(dropout_counter(offset / 4, bh, row, col), uint32_t(seed), uint32_t(seed >> 32));
+    const int byte = dropout_byte_of(row, col);
+    const uint32_t word = byte < 4 ? r.x : byte < 8 ? r.y : byte < 12 ? r.z : r.w;
+    return ((word >> (8 * (byte % 4))) & 0xffu) < threshold;
+}
+
+__host__ __device__ __forceinline__ uint32_t pick_word(uint4 r, int j) {
+    return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
+}
+
+struct Dropout {
+    uint32_t k0, k1;
+    uint64_t base;  // offset / 4
+    uint32_t bh;
+    uint32_t threshold;
+    float rp;
+
+    Dropout() = default;
+    template <typename Params>
+    __device__ Dropout(const Params &params, int bidb, int bidh) {
+        const PhiloxParams &ph = params.philox;
+        const uint64_t seed = ph.from_device ? uint64_t(*ph.seed_ptr) : ph.seed;
+        const uint64_t offset = ph.from_device ? uint64_t(*ph.offset_ptr) + ph.offset_extra : ph.offset;
+        k0 = uint32_t(seed);
+        k1 = uint32_t(seed >> 32);
+        base = offset / 4;
+        bh = uint32_t(bidb * params.h + bidh);
+        threshold = params.dropout_keep_threshold;
+        rp = params.rp_dropout;
+    }
+
+    // Calls f(e, m, n, keep) for every element (e, m, n) of an SM80 m16n8 accumulator fragment
+    // ((2, 2), MMA_M, MMA_N) whose atoms along N are 8 * kWarpsN columns apart; coords is the
+    // MMA's partition of the tile's identity tensor, (row0, col0) the tile origin. col0 must be a
+    // multiple of the tile width, the tile width a divisor of 128 and at least 32 * kWarpsN.
+    // Host-callable too: scripts/check_dropout_layout.cu checks it against dropout_keep_ref for
+    // every thread of every kernel configuration.
+#pragma nv_exec_check_disable
+    template <int kWarpsN, typename Fragment, typename TensorCoord, typename F>
+    __host__ __device__ __forceinline__ void for_each(Fragment const &, TensorCoord const &coords, int row0, int col0,
+                                             F &&f) const {
+        static_assert(kWarpsN == 1 || kWarpsN == 2 || kWarpsN == 4);
+        static_assert(decltype(size<0>(Fragment{}))::value == 4);
+        constexpr int kMmaM = decltype(size<1>(Fragment{}))::value;
+        constexpr int kMmaN = decltype(size<2>(Fragment{}))::value;
+        constexpr int kGroups = 4 / kWarpsN;  // atoms n and n + kGroups are 32 columns apart
+        static_assert(kMmaN % kGroups == 0 && kMmaN / kGroups <= 4);
+        CUTE_UNROLL
+        for (int m = 0; m < kMmaM; ++m) {
+            CUTE_UNROLL
+            for (int g = 0; g < kGroups; ++g) {
+                const int row = row0 + get<0>(coords(0, m, g));
+                const int col = col0 + get<1>(coords(0, m, g));
+                const uint4 r = philox4x32_10(dropout_counter(base, bh, row, col), k0, k1);
+                const int j0 = (col % 128) / 32;
+                CUTE_UNROLL
+                for (int t = 0; t < kMmaN / kGroups; ++t) {
+                    const uint32_t word = pick_word(r, j0 + t);
+                    CUTE_UNROLL
+                    for (int e = 0; e < 4; ++e) {
+                        // e = (col % 2) + 2 * ((row % 16) / 8) in the m16n8 accumulator.
+                        f(e, m, g + kGroups * t, ((word >> (8 * e)) & 0xffu) < threshold);
+                    }
+                }
+            }
+        }
+    }
+};
+
+// ---- softcap and ALiBi -----------------------------------------------------------------------------
+
+struct ScoreMod {
+    float softcap_scale;  // 0: no softcap
+    float alibi_slope;    // -slope / scale_softmax (0: no ALiBi)
+    int diag;             // seqlen_k - seqlen_q
+
+    ScoreMod() = default;
+    template <typename Params>
+    __device__ ScoreMod(const Params &params, int bidb, int bidh, int diag_)
+        : softcap_scale(params.softcap_scale),
+          alibi_slope(params.alibi_slopes_ptr == nullptr
+                          ? 0.f
+                          : -params.alibi_slopes_ptr[bidb * params.alibi_slopes_batch_stride + bidh] /
+                                params.scale_softmax),
+          diag(diag_) {}
+
+    __device__ __forceinline__ bool has_softcap() const { return softcap_scale > 0.f; }
+
+    // acc: raw scores Q K^T of a tile -> tanh(s * softcap_scale).
+    template <typename TensorAcc>
+    __device__ __forceinline__ void apply_softcap(TensorAcc &acc) const {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); ++i) { acc(i) = tanhf(acc(i) * softcap_scale); }
+    }
+
+    // Adds alibi_slope * |row + diag - col| to the tile at (row0, col0) when ALiBi is on.
+    template <typename TensorAcc, typename TensorCoord>
+    __device__ __forceinline__ void apply_alibi(TensorAcc &acc, TensorCoord const &coords, int row0, int col0) const {
+        if (alibi_slope == 0.f) return;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); ++i) {
+            const int dist = row0 + get<0>(coords(i)) + diag - col0 - get<1>(coords(i));
+            acc(i) += alibi_slope * float(dist < 0 ? -dist : dist);
+        }
+    }
+
+    // Both, in the forward's order: the score to be multiplied by scale_softmax.
+    template <typename TensorAcc, typename TensorCoord>
+    __device__ __forceinline__ void apply(TensorAcc &acc, TensorCoord const &coords, int row0, int col0) const {
+        if (has_softcap()) apply_softcap(acc);
+        apply_alibi(acc, coords, row0, col0);
+    }
+};
+
+}  // namespace flash
