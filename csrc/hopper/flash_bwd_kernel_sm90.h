@@ -1,6 +1,6 @@
 // Hopper (sm_90a) backward main kernel: warpgroup MMAs (wgmma) for all five GEMMs.
 //
-// One CTA per (128-key block, batch, query head), two warpgroups, walking the query blocks that
+// One CTA per (key block, batch, query head), one warpgroup per 64 keys, walking the query blocks that
 // can see its keys. Per query block m (Q, dO, LSE, softmax_d double-buffered, loaded with
 // cp.async one block ahead):
 //
@@ -11,6 +11,8 @@
 //   dS^T -> shared memory; dQ = dS K         (wgmma SS)  -> fp32 atomics into dq_accum
 //
 // The preprocess (softmax_d) and dq conversion kernels are the SM80-class ones.
+// kFeat adds softcap, ALiBi and the deterministic dQ order (dropout runs on the SM80-class
+// kernels: its mask is generated in their accumulator layout).
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -20,6 +22,7 @@
 #include "../block_info.h"
 #include "../flash.h"
 #include "../flash_fwd_kernel.h"  // store_tile
+#include "../attn_mods.h"
 #include "../utils.h"
 #include "flash_fwd_kernel_sm90.h"  // wgmma
 #include "kernel_traits_bwd_sm90.h"
@@ -28,8 +31,8 @@ namespace flash {
 
 using namespace cute;
 
-template <typename Traits>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel_sm90(const __grid_constant__ BwdParams params) {
+template <typename Traits, bool kFeat>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_bwd_kernel_sm90(const __grid_constant__ BwdParams params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
     using Element = typename Traits::Element;
     using index_t = int64_t;
@@ -40,7 +43,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel_sm90(co
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x;
-    const int n_block = blockIdx.x;
+    // Deterministic mode adds dQ in descending key-block order, so the highest key blocks start
+    // first: a CTA only ever waits for CTAs dispatched before it.
+    const bool deterministic = kFeat && params.deterministic;
+    const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
@@ -186,6 +192,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel_sm90(co
     load_QdO(m_block_min, 0);
     cp_async_fence();
 
+    const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, diag) : ScoreMod{};
+    int *dq_semaphore = deterministic ? params.dq_semaphore_ptr + (index_t(bidb) * params.h + bidh) *
+                                                                      (params.seqlen_q_rounded / 64)
+                                      : nullptr;
+
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int stage = (m_block - m_block_min) & 1;
         const int row0 = m_block * kBlockM;
@@ -204,6 +215,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel_sm90(co
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * kBlockM;
         const float *dsum_stage = smem_dsum + stage * kBlockM;
+        // Softcap: tanh(s * softcap_scale) is kept (in fp16, |t| <= 1) for its derivative.
+        Tensor tanh_s = make_tensor<cutlass::half_t>(conditional_return<kFeat>(acc_s.layout(), Layout<_1>{}));
+        if constexpr (kFeat) {
+            if (score_mod.has_softcap()) {
+                score_mod.apply_softcap(acc_s);
+                Tensor t = convert_type<cutlass::half_t>(acc_s);
+                cute::copy(t, tanh_s);
+            }
+            if (score_mod.alibi_slope != 0.f) {
+                CUTE_UNROLL
+                for (int i = 0; i < size(acc_s); ++i) {
+                    const int dist = row0 + get<1>(coords_st(i)) + diag - col0 - get<0>(coords_st(i));
+                    acc_s(i) += score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
+                }
+            }
+        }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL
             for (int i = 0; i < size(acc_s); ++i) {
@@ -240,6 +267,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel_sm90(co
             CUTE_UNROLL
             for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum); }
         }
+        if constexpr (kFeat) {
+            if (score_mod.has_softcap()) {
+                CUTE_UNROLL
+                for (int i = 0; i < size(acc_dp); ++i) {
+                    const float t = float(tanh_s(i));
+                    acc_dp(i) *= (1.f - t * t) * score_mod.softcap_scale;
+                }
+            }
+        }
         Tensor rdS = make_tensor_like<Element>(acc_dp);
         {
             Tensor converted = convert_type<Element>(acc_dp);
@@ -261,9 +297,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel_sm90(co
         Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
         Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+        if constexpr (kFeat) {
+            if (deterministic) {  // wait for the key blocks above this one that also see this query block
+                if (tidx == 0) {
+                    const int target = mask.last_n_block_seeing(m_block, kBlockM, kBlockN) - n_block;
+                    const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
+                    while (*sem != target) {}
+                    __threadfence();
+                }
+                __syncthreads();
+            }
+        }
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
             atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+        }
+        if constexpr (kFeat) {
+            if (deterministic) {  // publish this block's dQ, then let the next key block in
+                __threadfence();
+                __syncthreads();
+                if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
+            }
         }
     }
 

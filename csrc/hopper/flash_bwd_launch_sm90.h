@@ -1,6 +1,8 @@
 // Launch of the sm_90a backward. Only meaningful in a build that targets sm_90a (FLASH_ATTN_SM90A).
 #pragma once
 
+#include <cstdlib>
+
 #include <cuda_runtime.h>
 
 #include "../flash.h"
@@ -14,7 +16,7 @@ namespace flash {
 template <int kHeadDim>
 constexpr bool kHasSm90Bwd = kHeadDim == 64 || kHeadDim == 128;
 
-template <typename Traits>
+template <typename Traits, bool kFeat>
 void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     using Element = typename Traits::Element;
     const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
@@ -22,7 +24,7 @@ void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     FLASH_CHECK_LAUNCH();
 
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_bwd_kernel_sm90<Traits>;
+    auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
@@ -32,12 +34,20 @@ void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     FLASH_CHECK_LAUNCH();
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
     // 64 query rows per step for both head dims. d64 with 128 rows: 255 registers, 328 B of
     // spills, 284 vs 307 TFLOP/s (H200, bf16, seqlen 8k).
-    launch_bwd_sm90<BwdKernelTraitsSm90<kHeadDim, 64, Element>>(params, stream);
+    if constexpr (kHeadDim == 64) {
+        // Experiment switch (device A/B): FLASH_ATTN_SM90_BWD_BN=64 runs 64-key CTAs, 2 per SM.
+        const char *env = std::getenv("FLASH_ATTN_SM90_BWD_BN");
+        if (env != nullptr && std::atoi(env) == 64) {
+            launch_bwd_sm90<BwdKernelTraitsSm90<kHeadDim, 64, 64, Element, 2>, kFeat>(params, stream);
+            return;
+        }
+    }
+    launch_bwd_sm90<BwdKernelTraitsSm90<kHeadDim, 64, 128, Element>, kFeat>(params, stream);
 }
 
 }  // namespace flash

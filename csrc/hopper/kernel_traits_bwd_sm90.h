@@ -1,6 +1,6 @@
 // Tile shapes, shared-memory layouts and warpgroup MMAs of the sm_90a backward.
 //
-// One CTA owns kBlockN = 128 keys; each of its two warpgroups owns 64 of them and computes the
+// One CTA owns kBlockN (64 or 128) keys; each of its warpgroups owns 64 of them and computes the
 // transposed score tiles S^T = K Q^T and dP^T = V dO^T, so that P^T and dS^T come out of the
 // accumulators already in the register layout of the A operand of dV += P^T dO and
 // dK += dS^T Q (no shared-memory round trip for those two GEMMs). dS^T is also written to shared
@@ -17,17 +17,20 @@ namespace flash {
 
 using namespace cute;
 
-template <int kHeadDim_, int kBlockM_, typename Element_>
-struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, 128, 8, Element_> {
-    using Base = KernelTraitsBase<kHeadDim_, kBlockM_, 128, 8, Element_>;
+template <int kHeadDim_, int kBlockM_, int kBlockN_, typename Element_, int kMinBlocksPerSm_ = 1>
+struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBlockN_ / 16, Element_> {
+    using Base = KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBlockN_ / 16, Element_>;
     using typename Base::Element;
     using Base::kBlockM;
     using Base::kBlockN;
     using Base::kHeadDim;
     static_assert(kBlockM == 64 || kBlockM == 128);
+    static_assert(kBlockN == 64 || kBlockN == 128);
+    static constexpr int kNWarpgroups = kBlockN / 64;
+    static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
     static constexpr int kStages = 2;  // Q, dO, LSE and softmax_d are double-buffered
 
-    using AtomLayoutKV = Layout<Shape<_2, _1, _1>>;  // warpgroup w owns keys [64w, 64w + 64)
+    using AtomLayoutKV = Layout<Shape<Int<kNWarpgroups>, _1, _1>>;  // warpgroup w owns keys [64w, 64w + 64)
     // S^T = K Q^T and dP^T = V dO^T: (kBlockN, kBlockM), both operands K-major in smem.
     using TiledMmaSdP = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(), AtomLayoutKV{}));
@@ -36,9 +39,10 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, 128, 8, Eleme
         GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                              GMMA::Major::MN>(),
         AtomLayoutKV{}));
-    // dQ = dS K: (kBlockM, d). With 64 query rows the warpgroups split the head dim instead.
-    static constexpr int kdQWgM = kBlockM / 64;
-    static constexpr int kdQWgN = 2 / kdQWgM;
+    // dQ = dS K: (kBlockM, d). With fewer 64-row query slabs than warpgroups, the warpgroups
+    // split the head dim instead.
+    static constexpr int kdQWgM = kBlockM / 64 < kNWarpgroups ? kBlockM / 64 : kNWarpgroups;
+    static constexpr int kdQWgN = kNWarpgroups / kdQWgM;
     using TiledMmadQ = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kdQWgN>, Int<kBlockN>>,
                              GMMA::Major::MN, GMMA::Major::MN>(),
