@@ -38,8 +38,7 @@ template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHasSm90Bwd<kHeadDim>) {
-        // Dropout stays on the SM80-class kernel: its mask is generated in that accumulator layout.
-        if (params.use_sm90 && !(kFeat && params.p_dropout > 0.f)) {
+        if (params.use_sm90) {
             run_mha_bwd_sm90<Element, kHeadDim, kFeat>(params, stream);
             return;
         }

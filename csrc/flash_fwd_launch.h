@@ -32,8 +32,8 @@ template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHasSm90Fwd<kHeadDim>) {
-        // Dropout stays on the SM80-class kernel: its mask is generated in that accumulator layout.
-        if (params.use_sm90 && !(kFeat && params.p_dropout > 0.f)) {
+        // S_dmask (return_attn_probs with dropout, for tests) is written by the SM80-class kernel only.
+        if (params.use_sm90 && !(kFeat && params.s_dmask_ptr != nullptr)) {
             run_mha_fwd_sm90<Element, kHeadDim, kFeat>(params, stream);
             return;
         }

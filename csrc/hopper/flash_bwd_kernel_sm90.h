@@ -11,8 +11,8 @@
 //   dS^T -> shared memory; dQ = dS K         (wgmma SS)  -> fp32 atomics into dq_accum
 //
 // The preprocess (softmax_d) and dq conversion kernels are the SM80-class ones.
-// kFeat adds softcap, ALiBi and the deterministic dQ order (dropout runs on the SM80-class
-// kernels: its mask is generated in their accumulator layout).
+// kFeat adds softcap, ALiBi, dropout (the mask of the next query block is generated into shared
+// memory while the S / dP GEMMs run) and the deterministic dQ order.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -23,6 +23,7 @@
 #include "../flash.h"
 #include "../flash_fwd_kernel.h"  // store_tile
 #include "../attn_mods.h"
+#include "dropout_sm90.h"
 #include "../utils.h"
 #include "flash_fwd_kernel_sm90.h"  // wgmma
 #include "kernel_traits_bwd_sm90.h"
@@ -95,6 +96,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     Element *smem_ds = smem_v + Traits::kSmemKVElems;
     float *smem_lse = reinterpret_cast<float *>(smem_ds + Traits::kSmemdSElems);
     float *smem_dsum = smem_lse + Traits::kStages * kBlockM;
+    uint8_t *smem_keep = reinterpret_cast<uint8_t *>(smem) + Traits::kSmemKeepOffset;
 
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdO{});
     Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdOt{});
@@ -193,6 +195,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     cp_async_fence();
 
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, diag) : ScoreMod{};
+    const bool is_dropout = kFeat && params.p_dropout > 0.f;
+    const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
+    auto make_keep = [&](int m_block, int stage) {
+        if constexpr (kFeat) {
+            if (is_dropout) {
+                dropout_tile_to_smem<kBlockM, kBlockN, Traits::kNThreads>(
+                    dropout, smem_keep + stage * kBlockM * kBlockN, m_block * kBlockM, col0, tidx);
+            }
+        }
+    };
+    make_keep(m_block_min, 0);
     int *dq_semaphore = deterministic ? params.dq_semaphore_ptr + (index_t(bidb) * params.h + bidh) *
                                                                       (params.seqlen_q_rounded / 64)
                                       : nullptr;
@@ -208,6 +221,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        if (m_block + 1 < m_block_max) { make_keep(m_block + 1, stage ^ 1); }  // overlaps the GEMMs
+        const uint8_t *keep_stage = smem_keep + stage * kBlockM * kBlockN;
+        auto kept = [&](int i) {
+            return keep_stage[get<0>(coords_st(i)) * kBlockM + get<1>(coords_st(i))] != 0;
+        };
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
         warpgroup_wait<1>();
@@ -250,7 +268,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
             }
         }
         Tensor rP = make_tensor_like<Element>(acc_s);
-        {
+        if (kFeat && is_dropout) {  // dV takes P * keep / (1 - p)
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) { rP(i) = Element(kept(i) ? acc_s(i) * dropout.rp : 0.f); }
+        } else {
             Tensor converted = convert_type<Element>(acc_s);
             cute::copy(converted, rP);
         }
@@ -260,6 +281,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         // dS^T = P^T * (dP^T - softmax_d).
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
         warpgroup_fence_operand(acc_dp);
+        if (kFeat && is_dropout) {  // out = (P * keep / (1 - p)) V: dP seen by P is dP * keep / (1 - p)
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_dp); ++i) { acc_dp(i) = kept(i) ? acc_dp(i) * dropout.rp : 0.f; }
+        }
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(dS); ++ni) {

@@ -21,6 +21,7 @@
 #include "../mask.h"
 #include "../softmax.h"
 #include "../attn_mods.h"
+#include "dropout_sm90.h"
 #include "../utils.h"
 #include "kernel_traits_sm90.h"
 
@@ -47,7 +48,8 @@ __forceinline__ __device__ void wgmma(TiledMma &tiled_mma, TensorA const &tCrA, 
     if constexpr (kRegA) { warpgroup_fence_operand(const_cast<TensorA &>(tCrA)); }
 }
 
-// kFeat: the variant with softcap and ALiBi (on at run time when their parameters are set).
+// kFeat: the variant with softcap, ALiBi and dropout (each on at run time when its parameter is
+// set; S_dmask is left to the SM80-class kernel).
 template <typename Traits, bool kFeat = false>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_kernel_sm90(const __grid_constant__ FwdParams params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -63,6 +65,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
+
+    if constexpr (kFeat) {
+        if (params.p_dropout > 0.f && params.rng_state_ptr != nullptr && blockIdx.x == 0 && bidb == 0 && bidh == 0 &&
+            tidx == 0) {
+            const PhiloxParams &ph = params.philox;
+            params.rng_state_ptr[0] = ph.from_device ? *ph.seed_ptr : int64_t(ph.seed);
+            params.rng_state_ptr[1] = ph.from_device ? *ph.offset_ptr + int64_t(ph.offset_extra) : int64_t(ph.offset);
+        }
+    }
 
     const BlockInfo binfo(params, bidb);
     const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
@@ -161,6 +172,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     auto new_acc_s = [&]() { return partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}); };
 
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
+    const bool is_dropout = kFeat && params.p_dropout > 0.f;
+    const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
+    // P = exp(score - running max) of a tile; dropped elements leave the P V product (the row
+    // sums already hold every element).
+    auto apply_dropout = [&](auto &acc, int n_blk) {
+        if constexpr (kFeat) {
+            if (is_dropout) {
+                dropout_for_each_sm90<kBlockN>(dropout, coords_s, row0, n_blk * kBlockN,
+                                               [&](int i, bool keep) { acc(i) = keep ? acc(i) : 0.f; });
+            }
+        }
+    };
     OnlineSoftmax<kNRows> softmax;
     const int n_blocks = n_block_max - n_block_min;
     int n_block = n_block_max - 1;  // block t of the walk is n_block_max - 1 - t
@@ -181,6 +204,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
     }
     softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
+    apply_dropout(acc_s, n_block);
     Tensor rP = make_tensor<Element>(acc_s.layout());
     {
         Tensor converted = convert_type<Element>(acc_s);
@@ -212,6 +236,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         softmax.rescale_o(acc_o, rescale);
+        apply_dropout(acc_s_next, n_block);
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
     }
@@ -223,7 +248,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         wgmma</*kZeroInit=*/false, /*kWait=*/0>(tiled_mma_pv, tOrP, tOrVt(_, _, _, (n_blocks - 1) & 1), acc_o);
     }
 
-    Tensor lse = softmax.finalize(acc_o, params.scale_softmax);
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
     __syncthreads();  // sQ (reused for O) is no longer read by any wgmma
     write_out(lse);
 #endif
