@@ -485,13 +485,21 @@ int num_sms(int device) {
     return cache[device];
 }
 
-// Enough CTAs for two waves of the split-KV kernel (two CTAs fit an SM), each split at least
-// 128 keys (8 tiles of 16), at most 128 splits.
+// Number of key splits for the split-KV kernel. Decoding is bandwidth bound, so the time goes
+// as waves * keys per split: cost(s) = ceil(ctas * s / slots) / s (two CTAs fit an SM). The
+// smallest s within 5% of the lowest cost (fewer splits: less combine work); each split at
+// least 128 keys, at most 128 splits. One split when the batch already fills the GPU.
 int splitkv_heuristic(int ctas, int sms, int64_t max_seqlen_k) {
-    if (ctas >= sms) return 1;
-    const int by_occupancy = (2 * sms + ctas - 1) / ctas;
-    const int by_length = static_cast<int>(std::max<int64_t>(1, max_seqlen_k / 128));
-    return std::max(1, std::min({by_occupancy, by_length, 128}));
+    const int slots = 2 * sms;
+    if (ctas >= (slots * 8) / 10) return 1;
+    const int max_splits = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(1, max_seqlen_k / 128)));
+    auto cost = [&](int s) { return double((int64_t(ctas) * s + slots - 1) / slots) / s; };
+    double lowest = cost(1);
+    for (int s = 2; s <= max_splits; ++s) lowest = std::min(lowest, cost(s));
+    for (int s = 1; s <= max_splits; ++s) {
+        if (cost(s) <= 1.05 * lowest) return s;
+    }
+    return 1;
 }
 
 std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,

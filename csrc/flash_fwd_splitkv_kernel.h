@@ -1,6 +1,6 @@
 // Split-KV forward for decoding and KV-cache attention (SM80-class mma.sync, runs on sm_80+).
 //
-// One CTA per (block of 16 packed query rows, split, batch * KV head). A packed row is one
+// One CTA per (batch * KV head, block of 16 packed query rows, split). A packed row is one
 // (query position, query head of this KV head's group) pair, so the h / h_k query heads that
 // share a KV head are computed from one read of K and V (GQA packing): decode with 32 query
 // heads over 8 KV heads puts 4 rows in a tile instead of reading the cache 4 times.
@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
-    const int m_block = blockIdx.x, split = blockIdx.y;
-    const int bidb = blockIdx.z / params.h_k, bidh_k = blockIdx.z % params.h_k;
+    // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
+    const int m_block = blockIdx.y, split = blockIdx.z;
+    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
     const int g = params.h_h_k_ratio;
 
     const BlockInfo binfo(params, bidb);

@@ -18,7 +18,7 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }
     const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const dim3 grid(num_m_blocks, params.num_splits, params.b * params.h_k);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
     if (params.num_splits > 1) {
