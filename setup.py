@@ -104,7 +104,7 @@ def _extensions():
     head_dims = _env_list("FLASH_ATTN_HEAD_DIMS", ALL_HEAD_DIMS, ALL_HEAD_DIMS, int)
     dtypes = _env_list("FLASH_ATTN_DTYPES", ALL_DTYPES, ALL_DTYPES)
 
-    sources = ["csrc/flash_api.cpp", "csrc/flash_dispatch.cpp"]
+    sources = ["csrc/flash_api.cpp", "csrc/flash_dispatch.cpp", "csrc/flash_varlen_util.cu"]
     defines = []
     for dt in dtypes:
         for d in head_dims:
@@ -112,6 +112,7 @@ def _extensions():
             # one translation unit each so that they compile in parallel.
             sources += [f"csrc/instantiations/flash_{direction}_hdim{d}_{dt}{variant}.cu"
                         for direction in ("fwd", "bwd") for variant in ("", "_feat")]
+            sources.append(f"csrc/instantiations/flash_fwd_split_hdim{d}_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

@@ -7,6 +7,7 @@ Run on a machine with an NVIDIA GPU (built for H100/H200, sm90):
     python benchmarks/benchmark_attn.py                    # standard grid, bf16
     python benchmarks/benchmark_attn.py --dtypes bf16,fp16 --check
     python benchmarks/benchmark_attn.py --decode           # 1 query token vs long KV cache
+    python benchmarks/benchmark_attn.py --varlen           # packed variable-length batch
 
 Standard grid (as in the FlashAttention papers): total tokens 16384 (batch = 16384 // seqlen),
 hidden 2048 (nheads = 2048 // headdim), headdim in {64, 128, 256},
@@ -21,7 +22,11 @@ when one set is smaller than ~3x L2. Backward is timed as torch.autograd.grad on
 outside the timed region (retain_graph=True); nothing is subtracted.
 
 Outputs (in --out, default bench_out/): attn.csv, attn.json, attn_tflops.png
-(decode mode: decode.csv, decode.json, decode_bw.png). A printed table, the ours/flash
+(decode mode: decode.csv, decode.json, decode_bw.png; varlen mode: varlen.csv,
+varlen.json). Decode times flash_attn_with_kvcache on a contiguous cache ("ours") and on a
+paged cache with 16-token pages ("ours_paged16", same bytes), against SDPA flash / cuDNN.
+Varlen times flash_attn_varlen_func on ~16k packed tokens of lengths 128..4096 and reports
+TFLOP/s (sum over sequences) beside the dense kernel's at the same token count. A printed table, the ours/flash
 ratio summary and the peak extra memory of forward+backward (ours vs naive) go to stdout.
 
 Every backend failure is caught, printed once and recorded as 'n/a'; only a sticky CUDA
@@ -123,6 +128,11 @@ def parse_args(argv=None):
     p.add_argument("--decode", action="store_true",
                    help="decode mode instead of the grid: 1 query token vs seqlen_k "
                         "4k/32k/128k, bf16, d=128, 32 q heads / 8 kv heads; reports GB/s")
+    p.add_argument("--varlen", action="store_true",
+                   help="varlen mode: a packed batch of ~total-tokens tokens with lengths "
+                        "128..4096 (fixed seed); ours varlen vs ours dense, fwd/bwd TFLOP/s")
+    p.add_argument("--decode-page", type=int, default=16,
+                   help="page size of the paged-cache decode variant (default: 16)")
     p.add_argument("--total-tokens", type=int, default=16384,
                    help="batch = total_tokens // seqlen, at least 1 (default: 16384)")
     p.add_argument("--hidden", type=int, default=2048,
@@ -620,9 +630,12 @@ def run_decode(bench, args, rows):
     dtype = torch.bfloat16
     h, hk, d = DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEADDIM
     backends = [b for b in args.backends]
+    shown = []
+    for b in backends:
+        shown += [b, "ours_paged%d" % args.decode_page] if b == "ours" else [b]
     print("\nDecode: bf16, seqlen_q=1, %d q heads / %d kv heads, d=%d; GB/s = bytes of K and V "
           "(GQA-sized) / median time; timer: %s" % (h, hk, d, bench.timer_kind))
-    hdr = "%6s %8s %9s |" % ("batch", "seqlen_k", "KV MB") + "".join(" %10s |" % b for b in backends)
+    hdr = "%6s %8s %9s |" % ("batch", "seqlen_k", "KV MB") + "".join(" %12s |" % b for b in shown)
     print(hdr)
     print("-" * len(hdr))
     for batch, sk in DECODE_CONFIGS:
@@ -638,6 +651,22 @@ def run_decode(bench, args, rows):
             continue
         cells = {}
         for backend in backends:
+            if backend == "ours":
+                for variant, page in (("ours", None), ("ours_paged%d" % args.decode_page, args.decode_page)):
+                    rec = dict(cfg, backend=variant, n_input_sets=n_sets, kv_bytes=kv_bytes,
+                               note="flash_attn_with_kvcache" + (", page %d" % page if page else ""))
+                    try:
+                        ms = time_decode_ours(bench, sets, page)
+                    except StickyCudaError:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        ms = None
+                        rec["note"] = bench.report_failure(variant, what, e)
+                    rec["fwd_ms"] = ms
+                    rec["gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+                    rows.append(rec)
+                    cells[variant] = "%.0f" % rec["gbps"] if ms else "n/a"
+                continue
             rec = dict(cfg, backend=backend, n_input_sets=n_sets, kv_bytes=kv_bytes, note="")
             ms, note = None, ""
             attempts = []
@@ -668,11 +697,126 @@ def run_decode(bench, args, rows):
         del sets
         _empty_cache(torch)
         print("%6d %8d %9.0f |" % (batch, sk, kv_bytes / 1e6) +
-              "".join(" %10s |" % cells.get(b, "") for b in backends), flush=True)
+              "".join(" %12s |" % cells.get(b, "") for b in shown), flush=True)
     if any("outside the timed" in (r.get("note") or "") for r in rows if r.get("fwd_ms")):
         print("  * SDPA backend refused enable_gqa: K,V were repeated to %d heads outside the timed "
               "region, so the kernel read %dx more bytes than counted." % (h, h // hk))
 
+
+
+def time_decode_ours(bench, sets, page):
+    """Median ms of flash_attn_with_kvcache over the input sets (contiguous or paged cache)."""
+    torch = bench.torch
+    from flash_attn import flash_attn_with_kvcache
+    prepared = []
+    for q, k, v in sets:
+        b, sk = k.shape[0], k.shape[1]
+        if page is None:
+            prepared.append((q, k, v, None))
+            continue
+        nblk = (sk + page - 1) // page
+        pad = nblk * page - sk
+        kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * nblk, page, *k.shape[2:])
+        vp = torch.nn.functional.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * nblk, page, *v.shape[2:])
+        # Pages in a shuffled order, as an allocator would hand them out.
+        perm = torch.randperm(b * nblk, device=k.device)
+        kp2, vp2 = torch.empty_like(kp), torch.empty_like(vp)
+        kp2[perm], vp2[perm] = kp, vp
+        table = perm.view(b, nblk).to(torch.int32)
+        prepared.append((q, kp2, vp2, table))
+    seqlens = [torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
+               for q, k, _ in sets]
+    n, it = len(prepared), [0]
+
+    def run():
+        i = it[0] % n
+        it[0] += 1
+        q, k, v, table = prepared[i]
+        flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens[i], block_table=table)
+    with torch.no_grad():
+        return bench._bench(run)
+
+
+# --------------------------------------------------------------------------------------
+# Varlen mode
+# --------------------------------------------------------------------------------------
+def varlen_lengths(total, lo=128, hi=4096, seed=0):
+    import random
+    rng = random.Random(seed)
+    lens = []
+    while sum(lens) < total:
+        lens.append(min(rng.randint(lo, hi), total - sum(lens)))
+    if lens[-1] < lo and len(lens) > 1:  # fold a short remainder into the previous one
+        lens[-2] += lens.pop()
+    return lens
+
+
+def run_varlen(bench, args, rows):
+    torch = bench.torch
+    from flash_attn import flash_attn_func, flash_attn_varlen_func
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    lens = varlen_lengths(args.total_tokens)
+    total = sum(lens)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    cu = cu.to(DEVICE)
+    print("\nVarlen: %d sequences, %d tokens, lengths %d..%d; TFLOP/s fwd/bwd/fwd+bwd; timer: %s" % (
+        len(lens), total, min(lens), max(lens), bench.timer_kind))
+    hdr = "%-5s %-6s %4s %4s | %20s | %20s | %7s" % ("dtype", "causal", "d", "nh", "varlen", "dense s=2048", "fb ratio")
+    print(hdr)
+    print("-" * len(hdr))
+    for dt in args.dtypes:
+        dtype = dtypes[dt]
+        for d in args.headdims:
+            h = args.hidden // d
+            for causal in args.causals:
+                flops = sum(attn_fwd_flops(1, h, L, L, d, causal) for L in lens)
+                q = torch.randn(total, h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+                k = torch.randn(total, h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+                v = torch.randn(total, h, d, device=DEVICE, dtype=dtype, requires_grad=True)
+                res = {}
+                for kind in ("varlen", "dense"):
+                    if kind == "varlen":
+                        fn = lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)  # noqa: E731
+                        kflops = flops
+                    else:
+                        s = 2048
+                        b = max(1, total // s)
+                        qd, kd, vd = [t.detach()[: b * s].view(b, s, h, d).requires_grad_() for t in (q, k, v)]
+                        fn = lambda: flash_attn_func(qd, kd, vd, causal=causal)  # noqa: E731
+                        kflops = attn_fwd_flops(b, h, s, s, d, causal)
+                    try:
+                        with torch.no_grad():
+                            t_f = bench._bench(fn)
+                        out = fn()
+                        dout = torch.randn_like(out)
+                        leaves = (q, k, v) if kind == "varlen" else (qd, kd, vd)
+                        t_b = bench._bench(lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+                        t_fb = bench._bench(lambda: torch.autograd.grad(fn(), leaves, dout))
+                        res[kind] = tuple(f * kflops / (t * 1e-3) / 1e12 for f, t in
+                                          ((1.0, t_f), (2.5, t_b), (3.5, t_fb)))
+                        del out
+                    except StickyCudaError:
+                        raise
+                    except Exception as e:  # noqa: BLE001
+                        bench.report_failure("ours", "varlen %s" % kind, e)
+                        res[kind] = (None, None, None)
+                    rows.append(dict(dtype=dt, causal=int(causal), headdim=d, nheads=h, nheads_k=h,
+                                     batch=len(lens) if kind == "varlen" else max(1, total // 2048),
+                                     seqlen_q=max(lens) if kind == "varlen" else 2048,
+                                     seqlen_k=max(lens) if kind == "varlen" else 2048,
+                                     backend="ours_" + kind, fwd_flops=kflops,
+                                     fwd_tflops=res[kind][0], bwd_tflops=res[kind][1],
+                                     fwdbwd_tflops=res[kind][2],
+                                     note="lengths " + ",".join(map(str, lens)) if kind == "varlen" else ""))
+                cell = lambda r: "/".join(fmt_num(x, 0) for x in r)  # noqa: E731
+                ratio = (res["varlen"][2] / res["dense"][2]
+                         if res["varlen"][2] and res["dense"][2] else None)
+                print("%-5s %-6s %4d %4d | %20s | %20s | %7s" % (
+                    dt, "yes" if causal else "no", d, h, cell(res["varlen"]), cell(res["dense"]),
+                    "%.2f" % ratio if ratio else "n/a"), flush=True)
+                del q, k, v
+                _empty_cache(torch)
 
 # --------------------------------------------------------------------------------------
 # Output files
@@ -837,10 +981,12 @@ def main(argv=None):
 
     meta = collect_meta(bench, args)
     rows, extra, status = [], {}, 0
-    prefix = "decode" if args.decode else "attn"
+    prefix = "decode" if args.decode else ("varlen" if args.varlen else "attn")
     try:
         if args.decode:
             run_decode(bench, args, rows)
+        elif args.varlen:
+            run_varlen(bench, args, rows)
         else:
             if not args.skip_memory and "ours" in args.backends:
                 print()
@@ -853,7 +999,7 @@ def main(argv=None):
         print("\ninterrupted; partial results are saved.")
         status = 130
 
-    if not args.decode:
+    if not args.decode and not args.varlen:
         lines, summary = summarize(rows, args)
         if lines:
             print()
@@ -870,9 +1016,13 @@ def main(argv=None):
     png = None
     try:
         title = "%s | torch %s | %s" % (bench.device_name, torch.__version__, meta["date"])
-        png = (plot_decode(os.path.join(args.out, "decode_bw.png"), rows, args.backends, title)
-               if args.decode else
-               plot_grid(os.path.join(args.out, "attn_tflops.png"), rows, args, title))
+        if args.decode:
+            shown = []
+            for b in args.backends:
+                shown += [b, "ours_paged%d" % args.decode_page] if b == "ours" else [b]
+            png = plot_decode(os.path.join(args.out, "decode_bw.png"), rows, shown, title)
+        elif not args.varlen:
+            png = plot_grid(os.path.join(args.out, "attn_tflops.png"), rows, args, title)
     except Exception as e:  # noqa: BLE001
         print("(plot failed: %s: %s)" % (type(e).__name__, e))
     print("\nwrote %s, %s%s" % (csv_path, json_path, (", " + png) if png else ""))

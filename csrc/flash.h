@@ -76,6 +76,30 @@ struct FwdParams : QKVParams {
     // dtype, exp(score - running max) with dropped elements negated (upstream's convention).
     void *s_dmask_ptr;
     index_t s_dmask_batch_stride, s_dmask_head_stride, s_dmask_row_stride;
+
+    // ---- Variable-length batches and KV caches (all optional; nullptr / 0 when unused) ----
+    // Sequence b uses only the keys [leftpad_k[b], seqused_k[b]) of its K/V rows (seqused_k
+    // counts from row 0 of the sequence, leftpad included); without seqused_k the end is the
+    // sequence's cu_seqlens_k length, or seqlen_k when dense.
+    const int *__restrict__ seqused_k;
+    const int *__restrict__ leftpad_k;
+    // Dense K/V only: batch element b reads K/V batch kv_batch_idx[b] (KV-cache batch index).
+    const int *__restrict__ kv_batch_idx;
+    // Paged K/V: key row r of sequence b lives in page block_table[b * block_table_batch_stride
+    // + r / page_block_size], row r % page_block_size; k/v_batch_stride are then page strides.
+    const int *__restrict__ block_table;
+    index_t block_table_batch_stride;
+    int page_block_size;
+
+    // Split-KV (the decode kernel): the keys of a sequence are cut into num_splits chunks whose
+    // partial results go to fp32 oaccum (num_splits, b, h, seqlen_q, head_dim_tile) and
+    // lse_accum (num_splits, b, h, seqlen_q), merged by the combine kernel. num_splits == 1
+    // writes out / softmax_lse directly.
+    int num_splits;
+    float *__restrict__ oaccum_ptr;
+    float *__restrict__ lse_accum_ptr;
+    // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).
+    int total_q;
 };
 
 inline bool has_features(const FwdParams &p) {
@@ -105,6 +129,11 @@ struct BwdParams : FwdParams {
     // (descending key block), serialised by one zeroed int32 counter per (b, h, 64-row block).
     bool deterministic;
     int *__restrict__ dq_semaphore_ptr;  // (b, h, seqlen_q_rounded / 64)
+
+    // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
+    // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each
+    // sequence has up to 128 rows of padding that the kernels may touch without a predicate.
+    int accum_rows;
 };
 
 inline bool has_features(const BwdParams &p) {
@@ -114,6 +143,15 @@ inline bool has_features(const BwdParams &p) {
 // Dispatch on (dtype, head-dim tile). Returns false when that configuration was not built.
 bool run_mha_fwd(FwdParams &params, cudaStream_t stream);
 bool run_mha_bwd(BwdParams &params, cudaStream_t stream);
+// The split-KV / paged / GQA-packed forward (decode and KV-cache attention) and, for
+// num_splits > 1, its combine step. Returns false when that configuration was not built.
+bool run_mha_fwd_splitkv(FwdParams &params, cudaStream_t stream);
+// Zero rows [cu_seqlens[b], total_rows) of a (total_rows, h, d) tensor with the given strides
+// (elements of elem_bytes bytes; d * elem_bytes a multiple of 16), and optionally set the same
+// rows of an fp32 (h, total_rows) LSE to +inf. Rows past the last sequence of a varlen batch.
+void zero_varlen_tail(void *ptr, int64_t row_stride, int64_t head_stride, int h, int d, int elem_bytes,
+                      int total_rows, const int *cu_seqlens, int b, float *lse, int64_t lse_head_stride,
+                      cudaStream_t stream);
 // Whether a (dtype, head-dim tile) pair was compiled in.
 bool is_built(bool is_bf16, int head_dim_tile);
 // The kernel head-dim tile a head dim runs in, or -1 above 256.

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -218,7 +219,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
         return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }
 
-    flash::FwdParams params;
+    flash::FwdParams params{};
     set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
     set_window(params, is_causal, window_left, window_right);
     set_softcap(params, softmax_scale, softcap);
@@ -296,7 +297,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         const int tile = flash::head_dim_tile(static_cast<int>(d));
         at::Tensor dq_accum = at::zeros({b, h, seqlen_q_rounded, tile}, q.options().dtype(at::kFloat));
 
-        flash::BwdParams params;
+        flash::BwdParams params{};
         set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
         set_window(params, is_causal, window_left, window_right);
         set_softcap(params, softmax_scale, softcap);
@@ -340,6 +341,375 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
             dv_.has_value() ? dv_.value() : dv, softmax_d};
 }
 
+// ---------------------------------------------------------------------------------------------
+// Variable-length batches: q (total_q, h, d), k/v (total_k, h_k, d) or paged
+// (num_blocks, page_block_size, h_k, d), cu_seqlens int32 (b + 1). The grid uses the max lengths.
+// ---------------------------------------------------------------------------------------------
+
+void check_varlen_tensor(const at::Tensor &t, const char *name, const at::Tensor &ref, int dims, const char *shape) {
+    FLASH_CHECK(t.is_cuda(), "flash_attn: ", name, " must be a CUDA tensor, got device ", t.device());
+    FLASH_CHECK(t.device() == ref.device(), "flash_attn: ", name, " is on ", t.device(), " but q is on ", ref.device());
+    FLASH_CHECK(t.scalar_type() == ref.scalar_type(), "flash_attn: ", name, " has dtype ", t.scalar_type(),
+                " but q has dtype ", ref.scalar_type());
+    FLASH_CHECK(t.dim() == dims, "flash_attn: ", name, " must have shape ", shape, ", got ", t.sizes());
+    FLASH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "flash_attn: ", name,
+                " must have a contiguous last dimension, got strides ", t.strides());
+}
+
+// An int32 CUDA vector of n elements on q's device (cu_seqlens, seqused_k, leftpad_k, ...).
+at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q) {
+    FLASH_CHECK(t.is_cuda() && t.device() == q.device(), "flash_attn: ", name, " must be on q's device ", q.device(),
+                ", got ", t.device());
+    FLASH_CHECK(t.scalar_type() == at::kInt, "flash_attn: ", name, " must have dtype int32, got ", t.scalar_type());
+    FLASH_CHECK(t.dim() == 1 && t.size(0) == n, "flash_attn: ", name, " must have shape (", n, "), got ", t.sizes());
+    return t.contiguous();
+}
+
+void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool paged) {
+    FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+                "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
+    check_varlen_tensor(q, "q", q, 3, "(total_q, nheads, headdim)");
+    const char *kv_shape = paged ? "(num_blocks, page_block_size, nheads_k, headdim)" : "(total_k, nheads_k, headdim)";
+    check_varlen_tensor(k, "k", q, paged ? 4 : 3, kv_shape);
+    check_varlen_tensor(v, "v", q, paged ? 4 : 3, kv_shape);
+    FLASH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
+                v.sizes());
+    const int64_t d = q.size(2);
+    FLASH_CHECK(k.size(-1) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(-1));
+    FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
+                kMaxHeadDim, " here (the Python layer pads), got ", d);
+    const int64_t h_k = k.size(-2);
+    FLASH_CHECK(h_k > 0 && q.size(1) % h_k == 0, "flash_attn: nheads (", q.size(1), ") must be divisible by nheads_k (",
+                h_k, ")");
+}
+
+// Fills the varlen fields of params (the strides of (total, h, d) tensors: row = dim 0).
+void set_varlen_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                    const at::Tensor &out, const at::Tensor &lse, const at::Tensor &cu_q, const at::Tensor &cu_k,
+                    int64_t b, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool is_causal) {
+    p = {};
+    p.q_ptr = q.data_ptr();
+    p.k_ptr = k.data_ptr();
+    p.v_ptr = v.data_ptr();
+    p.q_batch_stride = 0, p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
+    p.k_row_stride = k.stride(-3), p.k_head_stride = k.stride(-2);
+    p.v_row_stride = v.stride(-3), p.v_head_stride = v.stride(-2);
+    // Paged: the batch strides are the page strides.
+    p.k_batch_stride = k.dim() == 4 ? k.stride(0) : 0;
+    p.v_batch_stride = v.dim() == 4 ? v.stride(0) : 0;
+    p.o_ptr = out.data_ptr();
+    p.o_batch_stride = 0, p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
+    p.softmax_lse_ptr = lse.data_ptr<float>();
+    p.lse_batch_stride = 0, p.lse_head_stride = lse.stride(0);
+    p.b = static_cast<int>(b);
+    p.seqlen_q = static_cast<int>(max_seqlen_q);
+    p.seqlen_k = static_cast<int>(max_seqlen_k);
+    p.h = q.size(1);
+    p.h_k = k.size(-2);
+    p.h_h_k_ratio = p.h / p.h_k;
+    p.d = q.size(2);
+    p.head_dim_tile = flash::head_dim_tile(p.d);
+    p.scale_softmax = static_cast<float>(softmax_scale);
+    p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
+    p.cu_seqlens_q = cu_q.data_ptr<int>();
+    p.cu_seqlens_k = cu_k.data_ptr<int>();
+    p.window_left = flash::kWindowUnbounded;
+    p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
+    p.is_bf16 = q.scalar_type() == at::kBFloat16;
+    p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
+    p.num_splits = 1;
+    p.total_q = static_cast<int>(q.size(0));
+}
+
+// Rows of a (total, h, d) tensor past cu_seqlens[b] get zeros (and +inf in lse, if given).
+void zero_tail(const at::Tensor &t, const at::Tensor &cu_seqlens, int64_t b, float *lse = nullptr,
+               int64_t lse_head_stride = 0) {
+    flash::zero_varlen_tail(t.data_ptr(), t.stride(0), t.stride(1), t.size(1), t.size(2), t.element_size(),
+                            t.size(0), cu_seqlens.data_ptr<int>(), b, lse, lse_head_stride,
+                            c10::cuda::getCurrentCUDAStream().stream());
+}
+
+std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                       std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                       std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                       int64_t window_left, int64_t window_right) {
+    const bool paged = block_table_.has_value();
+    check_varlen_qkv(q, k, v, paged);
+    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
+                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
+    const int64_t b = cu_seqlens_q.size(0) - 1;
+    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
+    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "flash_attn: max_seqlen_q and max_seqlen_k must be >= 0, got ",
+                max_seqlen_q, " and ", max_seqlen_k);
+    c10::cuda::CUDAGuard device_guard(q.device());
+    q = aligned(q), k = aligned(k), v = aligned(v);
+    const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
+    at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
+    at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
+    if (zero_tensors) {
+        out.zero_();
+        lse.fill_(-std::numeric_limits<float>::infinity());
+    }
+    if (b == 0 || total_q == 0 || h == 0) {
+        out.zero_();
+        lse.fill_(std::numeric_limits<float>::infinity());
+        copy_back(out_, out);
+        return {out_.has_value() ? out_.value() : out, lse};
+    }
+
+    flash::FwdParams params{};
+    set_varlen_qkv(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, is_causal);
+    set_window(params, is_causal, window_left, window_right);
+    at::Tensor seqused_k, leftpad_k, block_table;
+    if (seqused_k_.has_value()) {
+        seqused_k = checked_int_vector(seqused_k_.value(), "seqused_k", b, q);
+        params.seqused_k = seqused_k.data_ptr<int>();
+    }
+    if (leftpad_k_.has_value()) {
+        leftpad_k = checked_int_vector(leftpad_k_.value(), "leftpad_k", b, q);
+        params.leftpad_k = leftpad_k.data_ptr<int>();
+    }
+    bool found;
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    if (paged) {
+        block_table = block_table_.value();
+        FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
+                        block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b,
+                    "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq)"
+                    " on q's device, got ", block_table.scalar_type(), " ", block_table.sizes());
+        FLASH_CHECK(block_table.stride(-1) == 1, "flash_attn: block_table must have a contiguous last dimension");
+        const int64_t page = k.size(1);
+        FLASH_CHECK(page % 16 == 0, "flash_attn: paged KV needs page_block_size (k.shape[1]) to be a multiple of 16, got ",
+                    page);
+        // The key range of a sequence is addressed through its pages, not through cu_seqlens_k.
+        params.block_table = block_table.data_ptr<int>();
+        params.block_table_batch_stride = block_table.stride(0);
+        params.page_block_size = static_cast<int>(page);
+        params.num_splits = 1;
+        found = flash::run_mha_fwd_splitkv(params, stream);
+    } else {
+        found = flash::run_mha_fwd(params, stream);
+    }
+    check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+    zero_tail(out, cu_seqlens_q, b, lse.data_ptr<float>(), lse.stride(0));
+    check_built_and_launched(true, params.is_bf16, d, params.head_dim_tile);
+    copy_back(out_, out);
+    return {out_.has_value() ? out_.value() : out, lse};
+}
+
+std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
+                                       std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
+                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                       bool deterministic, int64_t window_left, int64_t window_right) {
+    FLASH_CHECK_RUNTIME(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
+    check_varlen_qkv(q, k, v, false);
+    check_varlen_tensor(out, "out", q, 3, "(total_q, nheads, headdim)");
+    check_varlen_tensor(dout, "dout", q, 3, "(total_q, nheads, headdim)");
+    FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
+                q.sizes());
+    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
+                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
+    const int64_t b = cu_seqlens_q.size(0) - 1;
+    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
+    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), total_k = k.size(0), h_k = k.size(1);
+    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
+                    softmax_lse.sizes() == at::IntArrayRef({h, total_q}),
+                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (nheads, total_q)");
+    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
+    softmax_lse = softmax_lse.contiguous();
+
+    at::Tensor dq = output_or_new(dq_, "dq", q.sizes(), q);
+    at::Tensor dk = output_or_new(dk_, "dk", k.sizes(), k);
+    at::Tensor dv = output_or_new(dv_, "dv", v.sizes(), v);
+    if (zero_tensors) dq.zero_(), dk.zero_(), dv.zero_();
+    const int accum_rows = static_cast<int>(total_q + 128 * b);
+    at::Tensor softmax_d = at::empty({h, accum_rows}, q.options().dtype(at::kFloat));
+    if (b == 0 || h == 0 || total_q == 0 || total_k == 0) {
+        dq.zero_(), dk.zero_(), dv.zero_();
+    } else {
+        at::Tensor dk_expanded = h_k == h ? dk : at::empty({total_k, h, d}, q.options());
+        at::Tensor dv_expanded = h_k == h ? dv : at::empty({total_k, h, d}, q.options());
+        const int tile = flash::head_dim_tile(static_cast<int>(d));
+        at::Tensor dq_accum = at::zeros({h, accum_rows, tile}, q.options().dtype(at::kFloat));
+
+        flash::BwdParams params{};
+        set_varlen_qkv(params, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
+                       softmax_scale, is_causal);
+        set_window(params, is_causal, window_left, window_right);
+        params.do_ptr = dout.data_ptr();
+        params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
+        params.dq_ptr = dq.data_ptr();
+        params.dq_batch_stride = 0, params.dq_row_stride = dq.stride(0), params.dq_head_stride = dq.stride(1);
+        params.dk_ptr = dk_expanded.data_ptr();
+        params.dk_batch_stride = 0, params.dk_row_stride = dk_expanded.stride(0);
+        params.dk_head_stride = dk_expanded.stride(1);
+        params.dv_ptr = dv_expanded.data_ptr();
+        params.dv_batch_stride = 0, params.dv_row_stride = dv_expanded.stride(0);
+        params.dv_head_stride = dv_expanded.stride(1);
+        params.dq_accum_ptr = dq_accum.data_ptr<float>();
+        params.softmax_d_ptr = softmax_d.data_ptr<float>();
+        params.seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
+        params.accum_rows = accum_rows;
+        const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
+        check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+        zero_tail(dq, cu_seqlens_q, b);
+        zero_tail(dk_expanded, cu_seqlens_k, b);
+        zero_tail(dv_expanded, cu_seqlens_k, b);
+        check_built_and_launched(true, params.is_bf16, d, params.head_dim_tile);
+        if (h_k != h) {
+            at::sum_out(dk, dk_expanded.reshape({total_k, h_k, h / h_k, d}), {2});
+            at::sum_out(dv, dv_expanded.reshape({total_k, h_k, h / h_k, d}), {2});
+        }
+    }
+    copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
+    return {dq_.has_value() ? dq_.value() : dq, dk_.has_value() ? dk_.value() : dk,
+            dv_.has_value() ? dv_.value() : dv, softmax_d};
+}
+
+// ---------------------------------------------------------------------------------------------
+// KV-cache attention (the kernel part of flash_attn_with_kvcache; the append of new keys and the
+// rotary embedding happen before, in Python). q (b, seqlen_q, h, d); k_cache / v_cache
+// (b_cache, seqlen_cache, h_k, d) or paged (num_blocks, page_block_size, h_k, d) with
+// block_table (b, max_blocks_per_seq). Sequence b sees cache rows [leftpad[b], seqused_k[b]).
+// ---------------------------------------------------------------------------------------------
+
+int num_sms(int device) {
+    static int cache[64] = {0};
+    if (device < 0 || device >= 64) return 132;
+    if (cache[device] == 0) {
+        int n = 0;
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+        cache[device] = n > 0 ? n : 132;
+    }
+    return cache[device];
+}
+
+// Number of key splits for the split-KV kernel. Decoding is bandwidth bound, so the time goes
+// as waves * keys per split: cost(s) = ceil(ctas * s / slots) / s (two CTAs fit an SM). The
+// smallest s within 5% of the lowest cost (fewer splits: less combine work); each split at
+// least 128 keys, at most 128 splits. One split when the batch already fills the GPU.
+int splitkv_heuristic(int ctas, int sms, int64_t max_seqlen_k) {
+    const int slots = 2 * sms;
+    if (ctas >= (slots * 8) / 10) return 1;
+    const int max_splits = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(1, max_seqlen_k / 128)));
+    auto cost = [&](int s) { return double((int64_t(ctas) * s + slots - 1) / slots) / s; };
+    double lowest = cost(1);
+    for (int s = 2; s <= max_splits; ++s) lowest = std::min(lowest, cost(s));
+    for (int s = 1; s <= max_splits; ++s) {
+        if (cost(s) <= 1.05 * lowest) return s;
+    }
+    return 1;
+}
+
+std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                        std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                        std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
+                                        double softmax_scale, bool is_causal, int64_t window_left,
+                                        int64_t window_right, int64_t num_splits) {
+    const bool paged = block_table_.has_value();
+    FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+                "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
+    check_tensor(q, "q", q);
+    check_tensor(k_cache, "k_cache", q);
+    check_tensor(v_cache, "v_cache", q);
+    FLASH_CHECK(k_cache.sizes() == v_cache.sizes(), "flash_attn: k_cache and v_cache must have the same shape, got ",
+                k_cache.sizes(), " and ", v_cache.sizes());
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), h_k = k_cache.size(2);
+    FLASH_CHECK(k_cache.size(3) == d, "flash_attn: q and k_cache must have the same head dim, got ", d, " and ",
+                k_cache.size(3));
+    FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
+                kMaxHeadDim, " here (the Python layer pads), got ", d);
+    FLASH_CHECK(h_k > 0 && h % h_k == 0, "flash_attn: nheads (", h, ") must be divisible by nheads_k (", h_k, ")");
+    FLASH_CHECK(num_splits >= 0, "flash_attn: num_splits must be >= 0, got ", num_splits);
+    c10::cuda::CUDAGuard device_guard(q.device());
+    q = aligned(q);
+    FLASH_CHECK(is_aligned(k_cache) && is_aligned(v_cache),
+                "flash_attn: k_cache and v_cache need 16-byte aligned rows (strides multiples of 8 elements); they are "
+                "updated in place, so they are not copied");
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
+    if (b == 0 || sq == 0 || h == 0) return {out, lse};
+
+    at::Tensor block_table, seqused_k, leftpad_k, batch_idx;
+    int64_t seqlen_k = k_cache.size(1);
+    if (paged) {
+        block_table = block_table_.value();
+        FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
+                        block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b,
+                    "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq)"
+                    " on q's device, got ", block_table.scalar_type(), " ", block_table.sizes());
+        FLASH_CHECK(block_table.stride(-1) == 1, "flash_attn: block_table must have a contiguous last dimension");
+        FLASH_CHECK(k_cache.size(1) % 16 == 0,
+                    "flash_attn: paged KV needs page_block_size (k_cache.shape[1]) to be a multiple of 16, got ",
+                    k_cache.size(1));
+        FLASH_CHECK(!batch_idx_.has_value(), "flash_attn: cache_batch_idx cannot be used with a paged KV cache "
+                    "(block_table already maps each sequence to its pages)");
+        seqlen_k = block_table.size(1) * k_cache.size(1);
+    } else {
+        FLASH_CHECK(batch_idx_.has_value() || k_cache.size(0) >= b, "flash_attn: k_cache has batch size ",
+                    k_cache.size(0), " but q has ", b, "; pass cache_batch_idx to select cache entries");
+    }
+
+    flash::FwdParams params{};
+    set_qkv(params, q, k_cache, v_cache, out, lse, softmax_scale, is_causal);
+    params.seqlen_k = static_cast<int>(seqlen_k);
+    set_window(params, is_causal, window_left, window_right);
+    params.num_splits = 1;
+    if (seqused_k_.has_value()) {
+        seqused_k = checked_int_vector(seqused_k_.value(), "cache_seqlens", b, q);
+        params.seqused_k = seqused_k.data_ptr<int>();
+    }
+    if (leftpad_k_.has_value()) {
+        leftpad_k = checked_int_vector(leftpad_k_.value(), "cache_leftpad", b, q);
+        params.leftpad_k = leftpad_k.data_ptr<int>();
+    }
+    if (batch_idx_.has_value()) {
+        batch_idx = checked_int_vector(batch_idx_.value(), "cache_batch_idx", b, q);
+        params.kv_batch_idx = batch_idx.data_ptr<int>();
+    }
+    if (paged) {
+        params.block_table = block_table.data_ptr<int>();
+        params.block_table_batch_stride = block_table.stride(0);
+        params.page_block_size = static_cast<int>(k_cache.size(1));
+    }
+
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    const int64_t packed_rows = sq * (h / h_k);
+    // The split-KV kernel reads each K/V tile once for all packed rows of a 16-row block: it wins
+    // for decoding (few rows) and is the one that reads paged caches and splits the keys.
+    const bool use_split = paged || num_splits > 1 || packed_rows <= 64;
+    bool found;
+    at::Tensor oaccum, lse_accum;
+    if (use_split) {
+        const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
+        int splits = static_cast<int>(num_splits);
+        if (splits == 0) splits = splitkv_heuristic(static_cast<int>(b * h_k) * m_blocks, num_sms(q.get_device()), seqlen_k);
+        splits = std::min(splits, 128);
+        params.num_splits = splits;
+        if (splits > 1) {
+            const int tile = flash::head_dim_tile(static_cast<int>(d));
+            oaccum = at::empty({splits, b, h, sq, tile}, q.options().dtype(at::kFloat));
+            lse_accum = at::empty({splits, b, h, sq}, q.options().dtype(at::kFloat));
+            params.oaccum_ptr = oaccum.data_ptr<float>();
+            params.lse_accum_ptr = lse_accum.data_ptr<float>();
+            // The combine kernel indexes out / lse densely from (b, h, seqlen_q).
+        }
+        found = flash::run_mha_fwd_splitkv(params, stream);
+    } else {
+        found = flash::run_mha_fwd(params, stream);
+    }
+    check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+    return {out, lse};
+}
+
 std::vector<std::tuple<std::string, int>> built_configs() {
     std::vector<std::tuple<std::string, int>> configs;
     for (bool is_bf16 : {false, true}) {
@@ -363,6 +733,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
           py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
           py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
+    m.def("varlen_fwd", &mha_varlen_fwd, "Attention forward, variable-length batch", py::arg("q"), py::arg("k"),
+          py::arg("v"), py::arg("out"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("seqused_k"),
+          py::arg("leftpad_k"), py::arg("block_table"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
+          py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"), py::arg("window_size_left") = -1,
+          py::arg("window_size_right") = -1);
+    m.def("varlen_bwd", &mha_varlen_bwd, "Attention backward, variable-length batch", py::arg("dout"), py::arg("q"),
+          py::arg("k"), py::arg("v"), py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"),
+          py::arg("dv"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
+          py::arg("max_seqlen_k"), py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"),
+          py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1);
+    m.def("fwd_kvcache", &mha_fwd_kvcache, "Attention over a (paged) KV cache, split-KV for decoding", py::arg("q"),
+          py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
+          py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
+          py::arg("window_size_right"), py::arg("num_splits"));
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
     m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
           "Allow (True, the default) or forbid the sm_90a wgmma kernels");

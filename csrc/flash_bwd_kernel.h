@@ -26,6 +26,14 @@ using namespace cute;
 
 constexpr int kRowsPerCta = 8;  // preprocess / convert: one warp per (row, head, batch)
 
+// Row index of (batch bidb, head bidh, query row 0) in softmax_d and dq_accum. Dense: (b, h,
+// seqlen_q_rounded). Varlen: (h, accum_rows), sequence b at cu_seqlens_q[b] + 128 * b, so the
+// rows a 128-row (or smaller) query block rounds up to stay inside the sequence's own padding.
+__forceinline__ __device__ int64_t accum_row0(const BwdParams &params, const BlockInfo &binfo, int bidb, int bidh) {
+    return binfo.sum_s_q == -1 ? (int64_t(bidb) * params.h + bidh) * params.seqlen_q_rounded
+                               : int64_t(bidh) * params.accum_rows + binfo.sum_s_q + 128 * int64_t(bidb);
+}
+
 template <typename Element>
 __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -33,9 +41,10 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(
     const int bidb = blockIdx.y, bidh = blockIdx.z;
     const BlockInfo binfo(params, bidb);
     if (row >= params.seqlen_q_rounded) return;
-    float *d_ptr = params.softmax_d_ptr + (int64_t(bidb) * params.h + bidh) * params.seqlen_q_rounded;
+    float *d_ptr = params.softmax_d_ptr + accum_row0(params, binfo, bidb, bidh);
     if (row >= binfo.seqlen_q) {
-        if (lane == 0) d_ptr[row] = 0.f;
+        // Padding rows (never read). Varlen: only the sequence's own 128 rows of padding.
+        if (lane == 0 && (binfo.sum_s_q == -1 || row < binfo.seqlen_q + 128)) d_ptr[row] = 0.f;
         return;
     }
     const Element *do_row = reinterpret_cast<const Element *>(params.do_ptr) +
@@ -65,8 +74,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
     const int bidb = blockIdx.y, bidh = blockIdx.z;
     const BlockInfo binfo(params, bidb);
     if (row >= binfo.seqlen_q) return;
-    const float *acc_row = params.dq_accum_ptr +
-                           ((int64_t(bidb) * params.h + bidh) * params.seqlen_q_rounded + row) * params.head_dim_tile;
+    const float *acc_row = params.dq_accum_ptr + (accum_row0(params, binfo, bidb, bidh) + row) * params.head_dim_tile;
     Element *dq_row = reinterpret_cast<Element *>(params.dq_ptr) +
                       binfo.q_offset(params.dq_batch_stride, params.dq_row_stride, bidb) +
                       bidh * params.dq_head_stride + int64_t(row) * params.dq_row_stride;
@@ -164,9 +172,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
     const float *lse_ptr = params.softmax_lse_ptr +
                            (binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
                            bidh * params.lse_head_stride;
-    const float *dsum_ptr = params.softmax_d_ptr + (index_t(bidb) * params.h + bidh) * params.seqlen_q_rounded;
-    float *dq_accum_ptr =
-        params.dq_accum_ptr + (index_t(bidb) * params.h + bidh) * params.seqlen_q_rounded * kHeadDim;
+    const index_t accum_row = accum_row0(params, binfo, bidb, bidh);
+    const float *dsum_ptr = params.softmax_d_ptr + accum_row;
+    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
 
     // Shared memory: Q[2] | dO[2] | K | V | dS | P
     Element *smem_q = reinterpret_cast<Element *>(smem);

@@ -134,4 +134,68 @@ bool run_mha_bwd(BwdParams &params, cudaStream_t stream) {
     return true;
 }
 
+// ---- split-KV forward (its own instantiations: flash_fwd_split_hdim*_*.cu) ----
+#define FLASH_DECLARE_SPLIT(dtype, d) void run_mha_fwd_split_##dtype##_hdim##d(FwdParams &params, cudaStream_t stream);
+FLASH_FOR_EACH_CONFIG(FLASH_DECLARE_SPLIT)
+#undef FLASH_DECLARE_SPLIT
+
+namespace {
+struct SplitEntry {
+    bool is_bf16;
+    int d;
+    Runner<FwdParams> fwd;
+};
+#define FLASH_SPLIT_ENTRY(dtype, d) {FLASH_IS_BF16_##dtype, d, &run_mha_fwd_split_##dtype##_hdim##d},
+const SplitEntry kSplitEntries[] = {
+#ifdef FLASH_ATTN_BUILT_fp16_32
+    FLASH_SPLIT_ENTRY(fp16, 32)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_64
+    FLASH_SPLIT_ENTRY(fp16, 64)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_96
+    FLASH_SPLIT_ENTRY(fp16, 96)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_128
+    FLASH_SPLIT_ENTRY(fp16, 128)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_192
+    FLASH_SPLIT_ENTRY(fp16, 192)
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_256
+    FLASH_SPLIT_ENTRY(fp16, 256)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_32
+    FLASH_SPLIT_ENTRY(bf16, 32)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_64
+    FLASH_SPLIT_ENTRY(bf16, 64)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_96
+    FLASH_SPLIT_ENTRY(bf16, 96)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_128
+    FLASH_SPLIT_ENTRY(bf16, 128)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_192
+    FLASH_SPLIT_ENTRY(bf16, 192)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_256
+    FLASH_SPLIT_ENTRY(bf16, 256)
+#endif
+    {false, 0, nullptr},
+};
+}  // namespace
+
+bool run_mha_fwd_splitkv(FwdParams &params, cudaStream_t stream) {
+    for (const SplitEntry &e : kSplitEntries) {
+        if (e.fwd != nullptr && e.is_bf16 == params.is_bf16 && e.d == params.head_dim_tile) {
+            g_last_error.clear();
+            e.fwd(params, stream);
+            return true;
+        }
+    }
+    return false;
+}
+
 }  // namespace flash

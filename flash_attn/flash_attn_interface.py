@@ -839,3 +839,33 @@ flash_attn_func.__doc__ = (
 """
     + _COMMON_ARGS_DOC
 )
+
+
+# ---------------------------------------------------------------------------------------
+# Variable-length batches and KV-cache inference live in flash_attn/_varlen_kvcache.py;
+# re-exported here, where upstream defines them.
+# ---------------------------------------------------------------------------------------
+
+from flash_attn._varlen_kvcache import (  # noqa: E402
+    FlashAttnVarlenFunc,
+    FlashAttnVarlenKVPackedFunc,
+    FlashAttnVarlenQKVPackedFunc,
+    _flash_attn_varlen_backward,
+    _flash_attn_varlen_forward,
+    _wrapped_flash_attn_varlen_backward,
+    _wrapped_flash_attn_varlen_forward,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
+
+__all__ += [
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+    "FlashAttnVarlenFunc",
+    "FlashAttnVarlenQKVPackedFunc",
+    "FlashAttnVarlenKVPackedFunc",
+]

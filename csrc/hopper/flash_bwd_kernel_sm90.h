@@ -114,8 +114,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     const float *lse_ptr = params.softmax_lse_ptr +
                            (binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
                            bidh * params.lse_head_stride;
-    const float *dsum_ptr = params.softmax_d_ptr + (index_t(bidb) * params.h + bidh) * params.seqlen_q_rounded;
-    float *dq_accum_ptr = params.dq_accum_ptr + (index_t(bidb) * params.h + bidh) * params.seqlen_q_rounded * kHeadDim;
+    const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
+    const float *dsum_ptr = params.softmax_d_ptr + accum_row;
+    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
 
     typename Traits::GmemTiledCopyLoad gmem_copy;
     auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);

@@ -1,0 +1,376 @@
+// Split-KV forward for decoding and KV-cache attention (SM80-class mma.sync, runs on sm_80+).
+//
+// One CTA per (batch * KV head, block of 16 packed query rows, split). A packed row is one
+// (query position, query head of this KV head's group) pair, so the h / h_k query heads that
+// share a KV head are computed from one read of K and V (GQA packing): decode with 32 query
+// heads over 8 KV heads puts 4 rows in a tile instead of reading the cache 4 times.
+//
+// The keys of the split are cut into tiles of kBlockNw keys dealt round-robin to the warps. Each
+// warp streams its own tiles through its own cp.async ring of kStages K/V buffers (no CTA-wide
+// barrier in the main loop) and keeps its own online-softmax state; the warps merge through
+// shared memory at the end. K/V rows are addressed one by one, so a paged cache (any page size)
+// costs only a block-table lookup per row.
+//
+// num_splits == 1 writes out / softmax_lse; otherwise fp32 partial outputs and LSEs per split
+// that flash_fwd_splitkv_combine_kernel merges.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "block_info.h"
+#include "flash.h"
+#include "kernel_traits.h"
+#include "softmax.h"
+#include "utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <int kHeadDim_, typename Element_>
+struct SplitKVKernelTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = 16;  // packed rows per CTA
+    static constexpr int kNWarps = 4;
+    static constexpr int kNThreads = kNWarps * 32;
+    // Keys per warp tile: 16-key tiles (one k-step of P V) for d >= 128, 32 below.
+    static constexpr int kBlockNw = kHeadDim <= 64 ? 32 : 16;
+    // Per-warp ring depth: about 24 KB of K+V in flight per warp.
+    static constexpr int kTileBytes = 2 * kBlockNw * kHeadDim * int(sizeof(Element));
+    static constexpr int kStages = kTileBytes <= 4096 ? 6 : kTileBytes <= 8192 ? 3 : 2;
+    // One warp's view: FwdKernelTraits with one warp, 16 rows and kBlockNw keys gives the MMA,
+    // the swizzled smem layouts and the ldmatrix atoms.
+    using WarpTraits = FwdKernelTraits<kHeadDim, kBlockM, kBlockNw, 1, Element>;
+    static constexpr int kTileElems = kBlockNw * kHeadDim;
+    static constexpr int kQElems = kBlockM * kHeadDim;
+    // smem: Q | per warp, per stage: K tile, V tile. The end-of-kernel merge reuses the K/V area.
+    static constexpr int kSmemKVElems = kNWarps * kStages * 2 * kTileElems;
+    static constexpr int kMergeBytes = kNWarps * kBlockM * kHeadDim * 4 + 2 * kNWarps * kBlockM * 4;
+    static_assert(kMergeBytes <= kSmemKVElems * int(sizeof(Element)));
+    static constexpr int kSmemSize = (kQElems + kSmemKVElems) * int(sizeof(Element));
+};
+
+__forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int src_size = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+#endif
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
+    using Element = typename Traits::Element;
+    using WT = typename Traits::WarpTraits;
+    using TiledMma = typename WT::TiledMma;
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockNw = Traits::kBlockNw;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kNWarps = Traits::kNWarps;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+    constexpr int kTileElems = Traits::kTileElems;
+    constexpr int kQElems = Traits::kQElems;
+
+    extern __shared__ __align__(1024) char smem[];
+    const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
+    // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
+    const int m_block = blockIdx.y, split = blockIdx.z;
+    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
+    const int g = params.h_h_k_ratio;
+
+    const BlockInfo binfo(params, bidb);
+    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
+    const int packed_rows = seqlen_q * g;
+    const int p0 = m_block * kBlockM;
+    if (p0 >= packed_rows) return;
+    const int diag = seqlen_k - seqlen_q;
+
+    // Keys this row block can see, in whole warp tiles, and this split's share of them.
+    const int i_first = p0 / g;
+    const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
+    int n_begin = 0, n_end = seqlen_k;
+    if (params.window_right < kWindowUnbounded) n_end = max(0, min(n_end, i_last_q + diag + params.window_right + 1));
+    if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
+    const int t_begin = n_begin / kBlockNw;
+    const int t_end = n_end > n_begin ? ceil_div(n_end, kBlockNw) : t_begin;
+    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
+    const int s_begin = t_begin + split * tiles_per_split;
+    const int s_end = min(t_end, s_begin + tiles_per_split);
+
+    // ---- shared memory ----
+    Element *smem_q = reinterpret_cast<Element *>(smem);
+    Element *smem_kv = smem_q + kQElems;
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename WT::SmemLayoutQ{});
+    auto sK_at = [&](int stage) {
+        return make_tensor(make_smem_ptr(smem_kv + ((warp * kStages + stage) * 2) * kTileElems),
+                           typename WT::SmemLayoutKV{});
+    };
+    auto sV_at = [&](int stage) {
+        return make_tensor(make_smem_ptr(smem_kv + ((warp * kStages + stage) * 2 + 1) * kTileElems),
+                           typename WT::SmemLayoutKV{});
+    };
+
+    // ---- Q: packed row p -> (query p / g, head bidh_k * g + p % g) ----
+    const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
+                            binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
+    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
+        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
+        const int p = p0 + r;
+        const bool ok = p < packed_rows && c < params.d;
+        const Element *src = ok ? q_base + index_t(p / g) * params.q_row_stride +
+                                      index_t(bidh_k * g + p % g) * params.q_head_stride + c
+                                : q_base;
+        cp_async_16_zfill(&sQ(r, c), src, ok);
+    }
+    cp_async_fence();
+
+    // ---- K/V rows: dense (batch stride, leftpad, kv_batch_idx, varlen offset) or paged ----
+    const Element *k_ptr = reinterpret_cast<const Element *>(params.k_ptr);
+    const Element *v_ptr = reinterpret_cast<const Element *>(params.v_ptr);
+    const int *block_table = params.block_table == nullptr
+                                 ? nullptr
+                                 : params.block_table + index_t(bidb) * params.block_table_batch_stride;
+    const index_t k_dense = binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) + bidh_k * params.k_head_stride;
+    const index_t v_dense = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
+    auto load_tile = [&](int tile, int stage) {
+        Tensor sK = sK_at(stage);
+        Tensor sV = sV_at(stage);
+        CUTE_UNROLL
+        for (int j = 0; j < kBlockNw * kChunksPerRow / 32; ++j) {
+            const int idx = lane + 32 * j;
+            const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
+            const int key = tile * kBlockNw + r;
+            const bool ok = key < seqlen_k && c < params.d;
+            index_t k_off, v_off;
+            if (block_table != nullptr) {
+                const int row = binfo.leftpad_k + key;
+                const index_t page = ok ? block_table[row / params.page_block_size] : 0;
+                const index_t in_page = row % params.page_block_size;
+                k_off = page * params.k_batch_stride + in_page * params.k_row_stride + bidh_k * params.k_head_stride;
+                v_off = page * params.v_batch_stride + in_page * params.v_row_stride + bidh_k * params.v_head_stride;
+            } else {
+                k_off = k_dense + index_t(key) * params.k_row_stride;
+                v_off = v_dense + index_t(key) * params.v_row_stride;
+            }
+            cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
+            cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
+        }
+    };
+
+    // This warp's tiles: s_begin + warp, + kNWarps, ...
+    const int my_first = s_begin + warp;
+    const int my_count = my_first < s_end ? ceil_div(s_end - my_first, kNWarps) : 0;
+    CUTE_UNROLL
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < my_count) load_tile(my_first + s * kNWarps, s);
+        cp_async_fence();
+    }
+
+    TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(lane);
+    Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_o);
+    Tensor coords_s = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockNw>>{}));
+    Tensor coords_s_rc = make_tensor(coords_s.data(), acc_layout_rowcol(coords_s.layout()));
+    constexpr int kNRows = decltype(size<0>(coords_s_rc))::value;
+    static_assert(kNRows == 2);
+    // Query index of this thread's rows (for the causal / window mask), -1 past the end.
+    int row_q[kNRows];
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+        const int p = p0 + get<0>(coords_s_rc(mi, 0));
+        row_q[mi] = p < packed_rows ? p / g : -1;
+    }
+    const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
+
+    OnlineSoftmax<kNRows> softmax;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+
+    Tensor sK0 = sK_at(0);
+    Tensor sVt0 = make_tensor(sK0.data(), typename WT::SmemLayoutVt{});
+    Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename WT::SmemLayoutVtNoSwizzle{});
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+    Tensor tSrK = thr_mma.partition_fragment_B(sK0);
+    Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle0);
+    auto smem_copy_Q = make_tiled_copy_A(typename WT::SmemCopyAtom{}, tiled_mma);
+    auto thr_smem_copy_Q = smem_copy_Q.get_thread_slice(lane);
+    auto smem_copy_K = make_tiled_copy_B(typename WT::SmemCopyAtom{}, tiled_mma);
+    auto thr_smem_copy_K = smem_copy_K.get_thread_slice(lane);
+    auto smem_copy_V = make_tiled_copy_B(typename WT::SmemCopyAtomTransposed{}, tiled_mma);
+    auto thr_smem_copy_V = smem_copy_V.get_thread_slice(lane);
+    Tensor tSsQ = thr_smem_copy_Q.partition_S(sQ);
+
+    cp_async_wait<kStages - 1>();  // Q (the first group) landed for this thread
+    __syncthreads();               // ... and for every thread
+
+    for (int it = 0; it < my_count; ++it) {
+        const int stage = it % kStages;
+        const int tile = my_first + it * kNWarps;
+        // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
+        // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
+        if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
+        cp_async_fence();
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+
+        Tensor sK = sK_at(stage);
+        Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
+        Tensor tSsK = thr_smem_copy_K.partition_S(sK);
+        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
+
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+        clear(acc_s);
+        gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
+
+        const int col0 = tile * kBlockNw;
+        if (col0 + kBlockNw > seqlen_k || needs_row_mask) {
+            Tensor s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+            CUTE_UNROLL
+            for (int mi = 0; mi < kNRows; ++mi) {
+                const int i = row_q[mi];
+                CUTE_UNROLL
+                for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+                    const int col = col0 + get<1>(coords_s_rc(mi, ni));
+                    const bool masked = (col >= seqlen_k) | (col > i + diag + params.window_right) |
+                                        (col < i + diag - params.window_left);
+                    s_rc(mi, ni) = masked ? -INFINITY : s_rc(mi, ni);
+                }
+            }
+        }
+        softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
+
+        Tensor rP = convert_type<Element>(acc_s);
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
+        gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
+        __syncwarp();  // every lane is done with this stage's buffers before they are refilled
+    }
+    cp_async_wait<0>();
+
+    // ---- merge the warps: O = sum_w exp(m_w - M) O_w / L, L = sum_w exp(m_w - M) l_w ----
+    __syncthreads();  // all warps are done with their K/V buffers: reuse them
+    float *s_o = reinterpret_cast<float *>(smem_kv);                     // (kNWarps, kBlockM, kHeadDim)
+    float *s_max = s_o + kNWarps * kBlockM * kHeadDim;                   // (kNWarps, kBlockM)
+    float *s_sum = s_max + kNWarps * kBlockM;                            // (kNWarps, kBlockM)
+    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
+    Tensor coords_o = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor coords_o_rc = make_tensor(coords_o.data(), acc_layout_rowcol(coords_o.layout()));
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+        const float sum = quad_allreduce(softmax.row_sum(mi), SumOp{});
+        const int r = get<0>(coords_o_rc(mi, 0));
+        if (get<1>(coords_o_rc(mi, 0)) == 0) {
+            s_max[warp * kBlockM + r] = softmax.row_max(mi);
+            s_sum[warp * kBlockM + r] = sum;
+        }
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) {
+            s_o[(warp * kBlockM + r) * kHeadDim + get<1>(coords_o_rc(mi, ni))] = acc_o_rc(mi, ni);
+        }
+    }
+    __syncthreads();
+
+    // One thread per (row, 8 columns); rows past the end are skipped.
+    const float scale_log2 = params.scale_softmax_log2;
+    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
+        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
+        const int p = p0 + r;
+        if (p >= packed_rows || c >= params.d) continue;
+        float m = -INFINITY;
+        CUTE_UNROLL
+        for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, s_max[w * kBlockM + r]); }
+        float l = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        CUTE_UNROLL
+        for (int w = 0; w < kNWarps; ++w) {
+            const float mw = s_max[w * kBlockM + r];
+            const float f = mw == -INFINITY ? 0.f : exp2f((mw - m) * scale_log2);
+            l += f * s_sum[w * kBlockM + r];
+            CUTE_UNROLL
+            for (int e = 0; e < 8; ++e) { o[e] += f * s_o[(w * kBlockM + r) * kHeadDim + c + e]; }
+        }
+        const bool empty = l == 0.f || l != l;
+        const float inv_l = empty ? 0.f : 1.f / l;
+        // Natural-log LSE of the (split's) row; empty: +inf (final) or -inf (partial).
+        const int i = p / g, head = bidh_k * g + p % g;
+        if (params.num_splits == 1) {
+            const float lse = empty ? INFINITY : m * params.scale_softmax + __logf(l);
+            Element *out = reinterpret_cast<Element *>(params.o_ptr) +
+                           binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) +
+                           index_t(i) * params.o_row_stride + index_t(head) * params.o_head_stride + c;
+            uint4 packed;
+            Element *pe = reinterpret_cast<Element *>(&packed);
+            CUTE_UNROLL
+            for (int e = 0; e < 8; ++e) { pe[e] = Element(o[e] * inv_l); }
+            *reinterpret_cast<uint4 *>(out) = packed;
+            if (c == 0) {
+                params.softmax_lse_ptr[(binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
+                                       head * params.lse_head_stride + i] = lse;
+            }
+        } else {
+            const float lse = empty ? -INFINITY : m * params.scale_softmax + __logf(l);
+            // (split, b, h, seqlen_q, head_dim_tile) and (split, b, h, seqlen_q); dense q only.
+            const index_t row = ((index_t(split) * params.b + bidb) * params.h + head) * params.seqlen_q + i;
+            float *oacc = params.oaccum_ptr + row * params.head_dim_tile + c;
+            *reinterpret_cast<float4 *>(oacc) = make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
+            *reinterpret_cast<float4 *>(oacc + 4) = make_float4(o[4] * inv_l, o[5] * inv_l, o[6] * inv_l, o[7] * inv_l);
+            if (c == 0) params.lse_accum_ptr[row] = lse;
+        }
+    }
+}
+
+// Merges the splits: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s. One warp per
+// (b, h, query) row. A row with no visible key in any split gets out = 0 and lse = +inf.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __grid_constant__ FwdParams params) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t row = int64_t(blockIdx.x) * 8 + warp;  // over (b, h, seqlen_q)
+    const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
+    if (row >= rows) return;
+    const int64_t split_stride = rows;
+    float m = -INFINITY;
+    for (int s = lane; s < params.num_splits; s += 32) { m = fmaxf(m, params.lse_accum_ptr[s * split_stride + row]); }
+    CUTE_UNROLL
+    for (int off = 16; off > 0; off /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off)); }
+    float sum = 0.f;
+    if (m != -INFINITY) {
+        for (int s = lane; s < params.num_splits; s += 32) { sum += __expf(params.lse_accum_ptr[s * split_stride + row] - m); }
+    }
+    CUTE_UNROLL
+    for (int off = 16; off > 0; off /= 2) { sum += __shfl_xor_sync(0xffffffff, sum, off); }
+    const bool empty = m == -INFINITY || sum == 0.f;
+    const float lse = empty ? INFINITY : m + __logf(sum);
+
+    const int i = int(row % params.seqlen_q);
+    const int head = int((row / params.seqlen_q) % params.h);
+    const int bidb = int(row / (int64_t(params.seqlen_q) * params.h));
+    if (lane == 0) params.softmax_lse_ptr[bidb * params.lse_batch_stride + head * params.lse_head_stride + i] = lse;
+    Element *out = reinterpret_cast<Element *>(params.o_ptr) + bidb * params.o_batch_stride +
+                   int64_t(i) * params.o_row_stride + int64_t(head) * params.o_head_stride;
+    constexpr int kPerLane = (kHeadDim + 31) / 32;
+    float acc[kPerLane];
+    CUTE_UNROLL
+    for (int e = 0; e < kPerLane; ++e) { acc[e] = 0.f; }
+    if (!empty) {
+        for (int s = 0; s < params.num_splits; ++s) {
+            const float ls = params.lse_accum_ptr[s * split_stride + row];
+            if (ls == -INFINITY) continue;
+            const float w = __expf(ls - lse);
+            const float *o = params.oaccum_ptr + (s * split_stride + row) * params.head_dim_tile;
+            CUTE_UNROLL
+            for (int e = 0; e < kPerLane; ++e) {
+                const int c = lane + 32 * e;
+                if (c < params.d) acc[e] += w * o[c];
+            }
+        }
+    }
+    CUTE_UNROLL
+    for (int e = 0; e < kPerLane; ++e) {
+        const int c = lane + 32 * e;
+        if (c < params.d) out[c] = Element(acc[e]);
+    }
+}
+
+}  // namespace flash

@@ -1,0 +1,32 @@
+// Launch of the split-KV forward and its combine step; the split-count heuristic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flash.h"
+#include "flash_fwd_splitkv_kernel.h"
+#include "launch_check.h"
+
+namespace flash {
+
+template <typename Element, int kHeadDim>
+void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
+    using Traits = SplitKVKernelTraits<kHeadDim, Element>;
+    constexpr int smem_size = Traits::kSmemSize;
+    auto kernel = &flash_fwd_splitkv_kernel<Traits>;
+    if (smem_size >= 48 * 1024) {
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    }
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+    if (params.num_splits > 1) {
+        const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
+        const dim3 grid_combine(static_cast<unsigned>((rows + 7) / 8));
+        flash_fwd_splitkv_combine_kernel<Element, kHeadDim><<<grid_combine, 256, 0, stream>>>(params);
+        FLASH_CHECK_LAUNCH();
+    }
+}
+
+}  // namespace flash

@@ -1,0 +1,934 @@
+"""Variable-length batches and KV-cache inference (upstream flash-attn 2.8.x surface).
+
+    flash_attn_varlen_func / flash_attn_varlen_qkvpacked_func / flash_attn_varlen_kvpacked_func
+    -> FlashAttnVarlenFunc / FlashAttnVarlenQKVPackedFunc / FlashAttnVarlenKVPackedFunc
+    -> custom ops flash_attn::_flash_attn_varlen_forward / _flash_attn_varlen_backward
+    -> flash_attn._C.varlen_fwd / varlen_bwd
+
+    flash_attn_with_kvcache
+    -> custom op flash_attn::_flash_attn_kvcache (appends k/v into the cache in place, applies
+       the rotary embedding, then attends)
+    -> flash_attn._C.fwd_kvcache (the split-KV / paged / GQA-packed kernel for decoding, the
+       prefill kernels for long query blocks)
+
+Re-exported by flash_attn.flash_attn_interface, where upstream defines them.  Every argument is
+validated here from metadata only (no device sync), with errors naming the argument.
+"""
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from flash_attn import flash_attn_interface as _fi
+from flash_attn.flash_attn_interface import (
+    FlashAttnTypeError,
+    FlashAttnValueError,
+    _default_softmax_scale,
+    _ext_for,
+    _fmt_shape,
+    _HAS_CUSTOM_OP,
+    _MAX_HEADDIM,
+    _pad_to_multiple_of_8,
+    _SUPPORTED_DTYPES,
+    _ALLOWED_DEVICE_TYPES,
+    _torch_custom_op_wrapper,
+    _torch_register_fake_wrapper,
+    maybe_contiguous,
+)
+
+__all__ = [
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+    "FlashAttnVarlenFunc",
+    "FlashAttnVarlenQKVPackedFunc",
+    "FlashAttnVarlenKVPackedFunc",
+]
+
+# Paged KV: any page size that is a multiple of this (upstream needs multiples of 256).
+PAGE_BLOCK_MULTIPLE = 16
+
+
+# ---------------------------------------------------------------------------------------
+# Validation (metadata only)
+# ---------------------------------------------------------------------------------------
+
+
+def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic=False, what="varlen"):
+    """Options the varlen / KV-cache kernels do not implement yet."""
+    if dropout_p != 0.0:
+        if not (0.0 <= dropout_p <= 1.0):
+            raise FlashAttnValueError(f"flash_attn: dropout_p must be in [0, 1], got {dropout_p}")
+        raise NotImplementedError(
+            f"flash_attn: dropout_p > 0 is not implemented yet for {what} attention in this build "
+            f"(got dropout_p={dropout_p}); use dropout_p=0.0"
+        )
+    if softcap is not None and softcap > 0.0:
+        raise NotImplementedError(
+            f"flash_attn: softcap > 0 is not implemented yet for {what} attention in this build "
+            f"(got softcap={softcap}); use softcap=0.0"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            f"flash_attn: alibi_slopes (ALiBi) is not implemented yet for {what} attention in this "
+            "build; use alibi_slopes=None"
+        )
+    if deterministic:
+        raise NotImplementedError(
+            f"flash_attn: deterministic=True is not implemented yet for {what} attention in this "
+            "build; use deterministic=False"
+        )
+
+
+def _check_window(window_size):
+    if isinstance(window_size, (str, bytes)) or len(window_size) != 2:
+        raise FlashAttnValueError(
+            f"flash_attn: window_size must be a pair (left, right), got {window_size!r}"
+        )
+    for w in window_size:
+        if not isinstance(w, int) or isinstance(w, bool):
+            if not (isinstance(w, torch.SymInt)):
+                raise FlashAttnTypeError(
+                    f"flash_attn: window_size must hold two ints, got {window_size!r}"
+                )
+
+
+def _check_tensor(x, name, dims, shape_doc):
+    if not isinstance(x, torch.Tensor):
+        raise FlashAttnTypeError(f"flash_attn: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != dims:
+        raise FlashAttnValueError(
+            f"flash_attn: {name} must have {dims} dimensions {shape_doc}, got {x.dim()} "
+            f"dimensions with shape {_fmt_shape(x)}"
+        )
+    if x.dtype not in _SUPPORTED_DTYPES:
+        raise FlashAttnTypeError(
+            f"flash_attn: {name} has dtype {x.dtype}; FlashAttention only supports torch.float16 "
+            "and torch.bfloat16"
+        )
+    if x.device.type not in _ALLOWED_DEVICE_TYPES:
+        raise FlashAttnValueError(f"flash_attn: {name} must be on a CUDA device, got device {x.device}")
+    if x.shape[-1] != 1 and x.stride(-1) != 1:
+        raise FlashAttnValueError(
+            f"flash_attn: {name} must have a contiguous last dimension ({name}.stride(-1) == 1), "
+            f"got strides {tuple(x.stride())}; call {name}.contiguous() first"
+        )
+
+
+def _check_int_tensor(x, name, shape, device, shape_doc=None):
+    if not isinstance(x, torch.Tensor):
+        raise FlashAttnTypeError(f"flash_attn: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.int32:
+        raise FlashAttnTypeError(f"flash_attn: {name} must have dtype torch.int32, got {x.dtype}")
+    if tuple(x.shape) != tuple(shape):
+        raise FlashAttnValueError(
+            f"flash_attn: {name} must have shape {shape_doc or tuple(shape)}, got {_fmt_shape(x)}"
+        )
+    if x.device != device:
+        raise FlashAttnValueError(
+            f"flash_attn: {name} is on device {x.device} but q is on device {device}"
+        )
+
+
+def _check_same(x, ref, name, ref_name):
+    if x.dtype != ref.dtype:
+        raise FlashAttnTypeError(
+            f"flash_attn: {name} has dtype {x.dtype} but {ref_name} has dtype {ref.dtype}; "
+            "they must have the same dtype"
+        )
+    if x.device != ref.device:
+        raise FlashAttnValueError(
+            f"flash_attn: {name} is on device {x.device} but {ref_name} is on device {ref.device}"
+        )
+
+
+def _check_seqlen_int(x, name):
+    if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
+        raise FlashAttnTypeError(f"flash_attn: {name} must be a Python int, got {type(x).__name__}")
+    if isinstance(x, int) and x < 0:
+        raise FlashAttnValueError(f"flash_attn: {name} must be >= 0, got {x}")
+
+
+def _check_block_table(block_table, batch_size, k, device, kname="k"):
+    _check_int_tensor(block_table, "block_table", (batch_size, block_table.shape[-1])
+                      if isinstance(block_table, torch.Tensor) and block_table.dim() == 2
+                      else (batch_size, -1), device, "(batch_size, max_num_blocks_per_seq)")
+    if block_table.stride(-1) != 1 and block_table.shape[-1] > 1:
+        raise FlashAttnValueError("flash_attn: block_table must have a contiguous last dimension")
+    page = k.shape[1]
+    if page % PAGE_BLOCK_MULTIPLE != 0 or page == 0:
+        raise FlashAttnValueError(
+            f"flash_attn: with block_table (paged KV), {kname} must be (num_blocks, page_block_size, "
+            f"nheads_k, headdim) with page_block_size a multiple of {PAGE_BLOCK_MULTIPLE}, got "
+            f"page_block_size={page} ({kname} shape {_fmt_shape(k)})"
+        )
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         dropout_p, window_size, softcap, alibi_slopes, deterministic,
+                         block_table=None, names=("q", "k", "v")):
+    """Validate flash_attn_varlen_* arguments (q, k, v already unpacked)."""
+    qn, kn, vn = names
+    _check_tensor(q, qn, 3, "(total_q, nheads, headdim)")
+    paged = block_table is not None
+    kv_dims = 4 if paged else 3
+    kv_doc = "(num_blocks, page_block_size, nheads_k, headdim)" if paged else "(total_k, nheads_k, headdim)"
+    _check_tensor(k, kn, kv_dims, kv_doc)
+    _check_tensor(v, vn, kv_dims, kv_doc)
+    _check_same(k, q, kn, qn)
+    _check_same(v, q, vn, qn)
+    _, nheads, headdim = q.shape
+    nheads_k = k.shape[-2]
+    if not (1 <= headdim <= _MAX_HEADDIM):
+        raise FlashAttnValueError(
+            f"flash_attn: {qn} has headdim {headdim}; headdim must be between 1 and {_MAX_HEADDIM}"
+        )
+    if k.shape[-1] != headdim:
+        raise FlashAttnValueError(
+            f"flash_attn: {kn} has headdim {k.shape[-1]} but {qn} has headdim {headdim}"
+        )
+    if v.shape != k.shape:
+        raise FlashAttnValueError(
+            f"flash_attn: {vn} must have the same shape as {kn}, got {_fmt_shape(v)} and {_fmt_shape(k)}"
+        )
+    if nheads < 1 or nheads_k < 1 or nheads % nheads_k != 0:
+        raise FlashAttnValueError(
+            f"flash_attn: the number of heads in {qn} ({nheads}) must be a positive multiple of the "
+            f"number of heads in {kn} and {vn} (nheads_k={nheads_k})"
+        )
+    for cu, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if not isinstance(cu, torch.Tensor):
+            raise FlashAttnTypeError(f"flash_attn: {name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} must have shape (batch_size + 1,) with batch_size >= 1, got "
+                f"{_fmt_shape(cu)}"
+            )
+    batch_size = cu_seqlens_q.shape[0] - 1
+    _check_int_tensor(cu_seqlens_q, "cu_seqlens_q", (batch_size + 1,), q.device)
+    _check_int_tensor(cu_seqlens_k, "cu_seqlens_k", (batch_size + 1,), q.device,
+                      f"({batch_size + 1},) like cu_seqlens_q")
+    _check_seqlen_int(max_seqlen_q, "max_seqlen_q")
+    _check_seqlen_int(max_seqlen_k, "max_seqlen_k")
+    if paged:
+        _check_block_table(block_table, batch_size, k, q.device, kn)
+    _check_window(window_size)
+    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic)
+    return batch_size
+
+
+def _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q):
+    """(causal, left, right) as the kernels take them: a single query row sees everything a
+    bottom-right aligned causal mask would allow, so causal is dropped there (as upstream)."""
+    if max_seqlen_q == 1:
+        causal = False
+    return causal, window_size_left, window_size_right
+
+
+# ---------------------------------------------------------------------------------------
+# Custom ops
+# ---------------------------------------------------------------------------------------
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_varlen_forward", mutates_args=(),
+                          device_types="cuda")
+def _flash_attn_varlen_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_softmax: bool = False,
+    block_table: Optional[torch.Tensor] = None,
+    leftpad_k: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    zero_tensors: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    _fi._check_return_softmax(return_softmax, dropout_p)
+    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q)
+    out, softmax_lse = _ext_for(q).varlen_fwd(
+        q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
+        max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr,
+    )
+    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    rng_state = torch.zeros((2,), dtype=torch.int64, device=q.device)
+    return out, softmax_lse, S_dmask, rng_state
+
+
+@_torch_register_fake_wrapper("flash_attn::_flash_attn_varlen_forward")
+def _flash_attn_varlen_forward_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_softmax: bool = False,
+    block_table: Optional[torch.Tensor] = None,
+    leftpad_k: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    zero_tensors: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    _fi._check_return_softmax(return_softmax, dropout_p)
+    total_q, num_heads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    softmax_lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
+    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
+    return out, softmax_lse, S_dmask, rng_state
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_varlen_backward",
+                          mutates_args=("dq", "dk", "dv"), device_types="cuda")
+def _flash_attn_varlen_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: Optional[torch.Tensor],
+    dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor],
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None,
+    zero_tensors: bool = False,
+) -> torch.Tensor:
+    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic)
+    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q)
+    _, _, _, softmax_d = _ext_for(q).varlen_bwd(
+        dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, deterministic, wl, wr,
+    )
+    return softmax_d
+
+
+@_torch_register_fake_wrapper("flash_attn::_flash_attn_varlen_backward")
+def _flash_attn_varlen_backward_fake(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    dq: Optional[torch.Tensor],
+    dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor],
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None,
+    zero_tensors: bool = False,
+) -> torch.Tensor:
+    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic)
+    batch_size = cu_seqlens_q.shape[0] - 1
+    total_q, num_heads, _ = q.shape
+    return torch.empty((num_heads, total_q + 128 * batch_size), dtype=torch.float32,
+                       device=q.device)
+
+
+if _HAS_CUSTOM_OP:
+    _wrapped_flash_attn_varlen_forward = torch.ops.flash_attn._flash_attn_varlen_forward
+    _wrapped_flash_attn_varlen_backward = torch.ops.flash_attn._flash_attn_varlen_backward
+else:
+    _wrapped_flash_attn_varlen_forward = _flash_attn_varlen_forward
+    _wrapped_flash_attn_varlen_backward = _flash_attn_varlen_backward
+
+
+# ---------------------------------------------------------------------------------------
+# Autograd Functions
+# ---------------------------------------------------------------------------------------
+
+
+def _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                    deterministic, return_softmax, block_table, is_grad):
+    head_size_og = q.shape[-1]
+    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
+    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+    out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_varlen_forward(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        dropout_p,
+        softmax_scale,
+        causal=causal,
+        window_size_left=window_size[0],
+        window_size_right=window_size[1],
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_softmax=return_softmax and dropout_p > 0,
+        block_table=block_table,
+    )
+    if is_grad:
+        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                              rng_state)
+        ctx.dropout_p = dropout_p
+        ctx.max_seqlen_q = max_seqlen_q
+        ctx.max_seqlen_k = max_seqlen_k
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.window_size = window_size
+        ctx.softcap = softcap
+        ctx.alibi_slopes = alibi_slopes
+        ctx.deterministic = deterministic
+        ctx.paged = block_table is not None
+    out = out_padded[..., :head_size_og]
+    return out if not return_softmax else (out, softmax_lse, S_dmask)
+
+
+def _varlen_backward(ctx, dout, dq, dk, dv):
+    if ctx.paged:
+        raise NotImplementedError(
+            "flash_attn: the backward pass of flash_attn_varlen_func with block_table (paged KV) "
+            "is not implemented (upstream has none either)"
+        )
+    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, rng_state = ctx.saved_tensors
+    _wrapped_flash_attn_varlen_backward(
+        _pad_to_multiple_of_8(dout, dout.shape[-1]),
+        q,
+        k,
+        v,
+        out,
+        softmax_lse,
+        dq,
+        dk,
+        dv,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        ctx.max_seqlen_q,
+        ctx.max_seqlen_k,
+        ctx.dropout_p,
+        ctx.softmax_scale,
+        ctx.causal,
+        ctx.window_size[0],
+        ctx.window_size[1],
+        ctx.softcap,
+        ctx.alibi_slopes,
+        ctx.deterministic,
+        rng_state=rng_state,
+    )
+
+
+class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
+                softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+        if not isinstance(qkv, torch.Tensor):
+            raise FlashAttnTypeError(f"flash_attn: qkv must be a torch.Tensor, got {type(qkv).__name__}")
+        if qkv.dim() != 4 or qkv.shape[1] != 3:
+            raise FlashAttnValueError(
+                "flash_attn: qkv must have shape (total, 3, nheads, headdim), got shape "
+                f"{_fmt_shape(qkv)}"
+            )
+        q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
+        _check_varlen_inputs(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                             window_size, softcap, alibi_slopes, deterministic,
+                             names=("qkv", "qkv", "qkv"))
+        is_grad = is_grad_enabled and qkv.requires_grad
+        return _varlen_forward(ctx, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                               dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_softmax, None, is_grad)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q = ctx.saved_tensors[0]
+        dqkv = torch.empty((q.shape[0], 3, *q.shape[1:]), dtype=q.dtype, device=q.device)
+        _varlen_backward(ctx, dout, dqkv[:, 0], dqkv[:, 1], dqkv[:, 2])
+        dqkv = dqkv[..., : dout.shape[-1]]
+        return (dqkv,) + (None,) * 11
+
+
+class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                return_softmax, is_grad_enabled):
+        if not isinstance(kv, torch.Tensor):
+            raise FlashAttnTypeError(f"flash_attn: kv must be a torch.Tensor, got {type(kv).__name__}")
+        if kv.dim() != 4 or kv.shape[1] != 2:
+            raise FlashAttnValueError(
+                "flash_attn: kv must have shape (total_k, 2, nheads_k, headdim), got shape "
+                f"{_fmt_shape(kv)}"
+            )
+        k, v = kv[:, 0].detach(), kv[:, 1].detach()
+        _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, window_size, softcap, alibi_slopes, deterministic,
+                             names=("q", "kv", "kv"))
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
+        return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                               softcap, alibi_slopes, deterministic, return_softmax, None, is_grad)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k = ctx.saved_tensors[:2]
+        dq = torch.empty_like(q)
+        dkv = torch.empty((k.shape[0], 2, *k.shape[1:]), dtype=k.dtype, device=k.device)
+        _varlen_backward(ctx, dout, dq, dkv[:, 0], dkv[:, 1])
+        d = dout.shape[-1]
+        return (dq[..., :d], dkv[..., :d]) + (None,) * 13
+
+
+class FlashAttnVarlenFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                return_softmax, block_table, is_grad_enabled):
+        _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, window_size, softcap, alibi_slopes, deterministic,
+                             block_table=block_table)
+        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
+        return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                               softcap, alibi_slopes, deterministic, return_softmax, block_table,
+                               is_grad)
+
+    @staticmethod
+    def backward(ctx, dout, *args):
+        q, k, v = ctx.saved_tensors[:3]
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _varlen_backward(ctx, dout, dq, dk, dv)
+        d = dout.shape[-1]
+        return (dq[..., :d], dk[..., :d], dv[..., :d]) + (None,) * 14
+
+
+# ---------------------------------------------------------------------------------------
+# Public varlen functions
+# ---------------------------------------------------------------------------------------
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Attention on a packed variable-length batch with Q, K, V stacked: qkv (total, 3, nheads,
+    headdim); cu_seqlens int32 (batch_size + 1,); max_seqlen the longest sequence (a Python int).
+    Sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1]; causal masks and windows apply within
+    each sequence. Returns out (total, nheads, headdim) [, softmax_lse (nheads, total), S_dmask].
+    Rows past cu_seqlens[-1] get zeros. dropout, softcap and ALiBi raise NotImplementedError in
+    this build."""
+    return FlashAttnVarlenQKVPackedFunc.apply(
+        qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, deterministic, return_attn_probs, torch.is_grad_enabled(),
+    )
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
+    """Variable-length attention with K and V stacked: q (total_q, nheads, headdim), kv
+    (total_k, 2, nheads_k, headdim). MQA/GQA when nheads_k divides nheads. Causal is aligned to
+    the bottom-right corner of each sequence's own (seqlen_q, seqlen_k) block. See
+    flash_attn_varlen_func."""
+    return FlashAttnVarlenKVPackedFunc.apply(
+        q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+        torch.is_grad_enabled(),
+    )
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
+    """Attention on a packed variable-length batch.
+
+    Arguments:
+        q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or with block_table
+            (num_blocks, page_block_size, nheads_k, headdim), page_block_size a multiple of 16.
+        cu_seqlens_q, cu_seqlens_k: (batch_size + 1,) int32 cumulative lengths.
+        max_seqlen_q, max_seqlen_k: Python ints, the longest query / key sequence.
+        causal: bottom-right aligned within each sequence: query i of a sequence sees key j iff
+            j <= i + seqlen_k - seqlen_q (that sequence's lengths).
+        window_size: (left, right): query i sees keys [i + seqlen_k - seqlen_q - left,
+            i + seqlen_k - seqlen_q + right]; -1 is unbounded.
+        block_table: (batch_size, max_num_blocks_per_seq) int32, the pages of each sequence's
+            keys (forward only).
+        dropout_p, softcap, alibi_slopes, deterministic: not implemented for varlen in this
+            build (NotImplementedError unless left at their defaults).
+    Returns out (total_q, nheads, headdim) [, softmax_lse (nheads, total_q) fp32, S_dmask].
+    Rows past cu_seqlens_q[-1] get zeros (and zero gradients); a query row that sees no key gets
+    out = 0 and lse = +inf.
+    """
+    return FlashAttnVarlenFunc.apply(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
+        torch.is_grad_enabled(),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------
+
+
+def _rotary(x, cos, sin, offsets, interleaved, same_position=False):
+    """x (b, s, h, d) rotated at positions offsets[b] + i (or offsets[b] for every i)."""
+    from flash_attn.layers.rotary import apply_rotary
+
+    if same_position:
+        b, s, h, d = x.shape
+        y = apply_rotary(x.reshape(b, 1, s * h, d), cos, sin, seqlen_offsets=offsets,
+                         interleaved=interleaved)
+        return y.reshape(b, s, h, d)
+    return apply_rotary(x, cos, sin, seqlen_offsets=offsets, interleaved=interleaved)
+
+
+def _append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+    """k_cache[batch, cache_seqlens[b] + j] = k[b, j] (and v), in place."""
+    b, s_new = k.shape[0], k.shape[1]
+    pos = cache_seqlens.to(torch.long).unsqueeze(1) + torch.arange(s_new, device=k.device).unsqueeze(0)
+    if block_table is not None:
+        page_size = k_cache.shape[1]
+        page = block_table.to(torch.long).gather(1, pos // page_size)
+        row = pos % page_size
+        k_cache[page, row] = k
+        v_cache[page, row] = v
+    else:
+        bidx = (torch.arange(b, device=k.device) if cache_batch_idx is None
+                else cache_batch_idx.to(torch.long))
+        bidx = bidx.unsqueeze(1).expand(b, s_new)
+        k_cache[bidx, pos] = k
+        v_cache[bidx, pos] = v
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
+                          device_types="cuda")
+def _flash_attn_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor],
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    b, seqlen_q = q.shape[0], q.shape[1]
+    local = causal or window_size_left >= 0 or window_size_right >= 0
+    seqused = cache_seqlens
+    if k is not None:
+        if cache_seqlens is None:
+            cache_seqlens = torch.zeros((b,), dtype=torch.int32, device=q.device)
+        if rotary_cos is not None:
+            k = _rotary(k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
+        _append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+        seqused = cache_seqlens + k.shape[1]
+    if rotary_cos is not None and k is not None:
+        # Query i sits at position cache_seqlens + i when causal/local, else at cache_seqlens.
+        q = _rotary(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved,
+                    same_position=not local)
+    if seqused is None and block_table is not None:
+        seqused = torch.full((b,), block_table.shape[1] * k_cache.shape[1], dtype=torch.int32,
+                             device=q.device)
+    if seqused is not None:
+        seqused = seqused.to(torch.int32)
+    if seqlen_q == 1:
+        causal = False  # one query row sees every key a bottom-right causal mask allows
+    head_size_og = q.shape[-1]
+    kc, vc = k_cache, v_cache
+    if head_size_og % 8 != 0:  # the kernel reads 16-byte chunks: attend on padded copies
+        q, kc, vc = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, kc, vc)]
+    out, softmax_lse = _ext_for(q).fwd_kvcache(
+        maybe_contiguous(q), kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table,
+        softmax_scale, causal, window_size_left, window_size_right, num_splits,
+    )
+    if out.shape[-1] != head_size_og:
+        out = out[..., :head_size_og].contiguous()
+    return out, softmax_lse
+
+
+@_torch_register_fake_wrapper("flash_attn::_flash_attn_kvcache")
+def _flash_attn_kvcache_fake(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor],
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    b, seqlen_q, nheads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    softmax_lse = torch.empty((b, nheads, seqlen_q), dtype=torch.float32, device=q.device)
+    return out, softmax_lse
+
+
+if _HAS_CUSTOM_OP:
+    _wrapped_flash_attn_kvcache = torch.ops.flash_attn._flash_attn_kvcache
+else:
+    _wrapped_flash_attn_kvcache = _flash_attn_kvcache
+
+
+def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                          cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
+                          alibi_slopes, num_splits):
+    _check_tensor(q, "q", 4, "(batch_size, seqlen, nheads, headdim)")
+    paged = block_table is not None
+    cache_doc = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
+                 else "(batch_size_cache, seqlen_cache, nheads_k, headdim)")
+    _check_tensor(k_cache, "k_cache", 4, cache_doc)
+    _check_tensor(v_cache, "v_cache", 4, cache_doc)
+    _check_same(k_cache, q, "k_cache", "q")
+    _check_same(v_cache, q, "v_cache", "q")
+    b, seqlen_q, nheads, headdim = q.shape
+    if b < 1 or seqlen_q < 1:
+        raise FlashAttnValueError(
+            f"flash_attn: q must have batch size and seqlen >= 1, got shape {_fmt_shape(q)}"
+        )
+    if not (1 <= headdim <= _MAX_HEADDIM):
+        raise FlashAttnValueError(
+            f"flash_attn: q has headdim {headdim}; headdim must be between 1 and {_MAX_HEADDIM}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise FlashAttnValueError(
+            f"flash_attn: v_cache must have the same shape as k_cache, got {_fmt_shape(v_cache)} and "
+            f"{_fmt_shape(k_cache)}"
+        )
+    nheads_k = k_cache.shape[2]
+    if k_cache.shape[3] != headdim:
+        raise FlashAttnValueError(
+            f"flash_attn: k_cache has headdim {k_cache.shape[3]} but q has headdim {headdim}"
+        )
+    if nheads_k < 1 or nheads % nheads_k != 0:
+        raise FlashAttnValueError(
+            f"flash_attn: the number of heads in q ({nheads}) must be a multiple of the number of "
+            f"heads in k_cache (nheads_k={nheads_k})"
+        )
+    if paged:
+        _check_block_table(block_table, b, k_cache, q.device, "k_cache")
+        if cache_batch_idx is not None:
+            raise FlashAttnValueError(
+                "flash_attn: cache_batch_idx cannot be combined with block_table (paged KV): the "
+                "block table already maps each sequence to its pages"
+            )
+        seqlen_cache = block_table.shape[1] * k_cache.shape[1]
+    else:
+        seqlen_cache = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < b:
+            raise FlashAttnValueError(
+                f"flash_attn: k_cache has batch size {k_cache.shape[0]} < q's batch size {b}; pass "
+                "cache_batch_idx to pick cache entries"
+            )
+    if (k is None) != (v is None):
+        raise FlashAttnValueError("flash_attn: k and v must be given together (or both None)")
+    if k is not None:
+        _check_tensor(k, "k", 4, "(batch_size, seqlen_new, nheads_k, headdim)")
+        _check_tensor(v, "v", 4, "(batch_size, seqlen_new, nheads_k, headdim)")
+        _check_same(k, q, "k", "q")
+        _check_same(v, q, "v", "q")
+        if k.shape != v.shape or k.shape[0] != b or k.shape[2] != nheads_k or k.shape[3] != headdim:
+            raise FlashAttnValueError(
+                f"flash_attn: k and v must have shape (batch_size={b}, seqlen_new, nheads_k={nheads_k}, "
+                f"headdim={headdim}), got {_fmt_shape(k)} and {_fmt_shape(v)}"
+            )
+        if k.shape[1] > seqlen_cache:
+            raise FlashAttnValueError(
+                f"flash_attn: k has seqlen_new={k.shape[1]} > the cache's {seqlen_cache} rows"
+            )
+    if rotary_cos is not None and k is None:
+        raise FlashAttnValueError(
+            "flash_attn: rotary_cos / rotary_sin need the new k and v to append (as upstream): "
+            "rotate q yourself when there is nothing to append"
+        )
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise FlashAttnValueError("flash_attn: rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        for t, name in ((rotary_cos, "rotary_cos"), (rotary_sin, "rotary_sin")):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2:
+                raise FlashAttnValueError(
+                    f"flash_attn: {name} must be a (seqlen_ro, rotary_dim / 2) tensor"
+                )
+            _check_same(t, q, name, "q")
+        if rotary_sin.shape != rotary_cos.shape:
+            raise FlashAttnValueError("flash_attn: rotary_cos and rotary_sin must have the same shape")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if rotary_dim > headdim or rotary_dim % 16 != 0:
+            raise FlashAttnValueError(
+                f"flash_attn: rotary_dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be a multiple "
+                f"of 16 and <= headdim ({headdim})"
+            )
+        if rotary_cos.shape[0] < seqlen_cache:
+            raise FlashAttnValueError(
+                f"flash_attn: rotary_cos has {rotary_cos.shape[0]} rows but the cache has "
+                f"{seqlen_cache}; seqlen_ro must cover every cache position"
+            )
+    if cache_seqlens is not None and not isinstance(cache_seqlens, int):
+        _check_int_tensor(cache_seqlens, "cache_seqlens", (b,), q.device, f"({b},)")
+    if cache_batch_idx is not None:
+        _check_int_tensor(cache_batch_idx, "cache_batch_idx", (b,), q.device, f"({b},)")
+    if cache_leftpad is not None:
+        _check_int_tensor(cache_leftpad, "cache_leftpad", (b,), q.device, f"({b},)")
+    _check_window(window_size)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise FlashAttnValueError(f"flash_attn: num_splits must be an int >= 0, got {num_splits!r}")
+    _check_unsupported(0.0, softcap, alibi_slopes, what="KV-cache")
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens: Optional[Union[(int, torch.Tensor)]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),  # -1 means infinite context window
+    softcap=0.0,  # 0.0 means deactivated
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """Attention of q against a KV cache, for incremental decoding (no backward).
+
+    If k and v are given, they are written into k_cache / v_cache *in place* at positions
+    cache_seqlens[b], cache_seqlens[b] + 1, ... (through block_table when paged) before the
+    attention, which then covers the updated cache. With rotary_cos / rotary_sin, the new k is
+    rotated at those positions, and q at cache_seqlens + i when causal or local (else all query
+    rows at cache_seqlens).
+
+    Arguments:
+        q: (batch_size, seqlen, nheads, headdim).
+        k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim), or with
+            block_table (num_blocks, page_block_size, nheads_k, headdim) where page_block_size is
+            any multiple of 16.
+        k, v [optional]: (batch_size, seqlen_new, nheads_k, headdim).
+        rotary_cos, rotary_sin [optional]: (seqlen_ro, rotary_dim / 2), rotary_dim a multiple
+            of 16 and <= headdim.
+        cache_seqlens: int, or (batch_size,) int32: the number of cache rows in use (before the
+            append). None: the whole cache.
+        cache_batch_idx: (batch_size,) int32: the cache entry of each sequence (default arange).
+        cache_leftpad: (batch_size,) int32: the cache of sequence b starts at row cache_leftpad[b].
+        block_table: (batch_size, max_num_blocks_per_seq) int32 page indices (paged KV).
+        causal, window_size: as flash_attn_func, aligned to the bottom-right of the cache.
+        rotary_interleaved: GPT-J style pairs (0, 1), (2, 3)... if True, else GPT-NeoX halves.
+        num_splits: split the keys into this many chunks (more CTAs for long caches);
+            0 = heuristic, 1 = no split.
+        return_softmax_lse: also return the (batch_size, nheads, seqlen) fp32 logsumexp.
+        softcap, alibi_slopes: not implemented in this build (NotImplementedError).
+    Return:
+        out (batch_size, seqlen, nheads, headdim) [, softmax_lse].
+    """
+    _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                          cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
+                          alibi_slopes, num_splits)
+    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    softmax_scale = _default_softmax_scale(softmax_scale, q.shape[-1])
+    if cache_seqlens is not None and isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
+                                   device=q.device)
+    out, softmax_lse = _wrapped_flash_attn_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
+        rotary_interleaved, num_splits,
+    )
+    return (out, softmax_lse) if return_softmax_lse else out

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""A tiny Llama (random weights, no download) run through transformers with
+attn_implementation="flash_attention_2" (this package) and "sdpa", on a padded batch; prints the
+max abs difference of the logits on the non-padded positions.
+
+    python scripts/llama_flash_attention_2.py [--dtype bf16|fp16] [--padding right|left]
+
+Needs a CUDA GPU, transformers, and this flash_attn installed as a distribution named
+"flash-attn" >= 2.3.3 (transformers checks the package metadata, then imports flash_attn_func,
+flash_attn_varlen_func, flash_attn_with_kvcache and flash_attn.bert_padding.pad_input /
+unpad_input). With padding, transformers unpads the batch and calls flash_attn_varlen_func.
+"""
+
+import argparse
+import importlib.metadata
+import sys
+
+import torch
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--padding", choices=["right", "left"], default="right")
+    p.add_argument("--tol", type=float, default=None,
+                   help="fail when the max abs logit diff exceeds this (default: 0.1 bf16, 0.02 fp16)")
+    args = p.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    tol = args.tol if args.tol is not None else (0.1 if args.dtype == "bf16" else 0.02)
+
+    try:
+        import transformers
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.utils import is_flash_attn_2_available
+    except ImportError as e:
+        sys.exit(f"transformers is not installed ({e}); pip install transformers")
+    import flash_attn
+
+    try:
+        dist_version = importlib.metadata.version("flash-attn")
+    except importlib.metadata.PackageNotFoundError:
+        dist_version = None
+    print(f"transformers {transformers.__version__}; flash_attn {flash_attn.__version__} from "
+          f"{flash_attn.__file__}; installed distribution flash-attn: {dist_version}")
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA GPU visible: transformers only offers flash_attention_2 on a GPU")
+    if not is_flash_attn_2_available():
+        sys.exit("transformers does not see flash_attention_2: install this package (its metadata "
+                 "must say flash-attn >= 2.3.3), e.g. pip install --no-build-isolation .")
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                         max_position_embeddings=512, pad_token_id=0)
+    base = LlamaForCausalLM(config).to(device="cuda", dtype=dtype).eval()
+    state = base.state_dict()
+
+    def build(impl):
+        try:
+            m = LlamaForCausalLM._from_config(config, attn_implementation=impl, dtype=dtype)
+        except TypeError:  # transformers 4.x spells it torch_dtype
+            m = LlamaForCausalLM._from_config(config, attn_implementation=impl, torch_dtype=dtype)
+        m.load_state_dict(state)
+        return m.to("cuda").eval()
+
+    lengths = [64, 41, 17, 1]
+    batch, seqlen = len(lengths), max(lengths)
+    input_ids = torch.randint(1, config.vocab_size, (batch, seqlen), device="cuda")
+    mask = torch.zeros(batch, seqlen, dtype=torch.long, device="cuda")
+    for i, n in enumerate(lengths):
+        if args.padding == "right":
+            mask[i, :n] = 1
+        else:
+            mask[i, seqlen - n:] = 1
+    input_ids = input_ids * mask  # pad token 0
+
+    logits = {}
+    for impl in ("sdpa", "flash_attention_2"):
+        model = build(impl)
+        assert model.config._attn_implementation == impl, model.config._attn_implementation
+        with torch.no_grad():
+            logits[impl] = model(input_ids=input_ids, attention_mask=mask).logits.float()
+        del model
+    valid = mask.bool()
+    diff = (logits["flash_attention_2"] - logits["sdpa"]).abs()[valid].max().item()
+    scale = logits["sdpa"][valid].abs().max().item()
+    print(f"padded batch lengths {lengths} ({args.padding} padding), {args.dtype}: "
+          f"max abs logit diff flash_attention_2 vs sdpa = {diff:.4g} (logits up to {scale:.3g})")
+
+    # A few greedy decoding steps with the KV cache (flash_attn_func / varlen on the new token).
+    gen = {}
+    for impl in ("sdpa", "flash_attention_2"):
+        model = build(impl)
+        with torch.no_grad():
+            gen[impl] = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=4,
+                                       do_sample=False, pad_token_id=0)
+        del model
+    same = torch.equal(gen["sdpa"], gen["flash_attention_2"])
+    print(f"greedy generate (4 new tokens): {'identical' if same else 'differs (random weights, ties)'}")
+    ok = diff <= tol
+    print("PASS" if ok else f"FAIL (tolerance {tol})")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

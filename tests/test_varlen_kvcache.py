@@ -1,0 +1,497 @@
+"""GPU tests of the variable-length and KV-cache functions against per-sequence naive attention.
+
+Error rule (as tests/test_flash_attn.py, with the brief's factors): out within 2x and gradients
+within 3x of the low-precision naive error against the fp32 naive reference, plus tiny slack.
+Wide sweeps are marked slow (FLASH_ATTN_TEST_FULL=1).
+"""
+
+import math
+
+import pytest
+import torch
+
+from flash_attn import (
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
+from flash_attn.layers.rotary import apply_rotary_emb_torch
+
+from fa_test_utils import DTYPE_NAMES, max_err, require_config, require_gpu
+
+pytestmark = pytest.mark.gpu
+
+OUT_SLACK = 1e-5
+GRAD_SLACK = 1e-4
+
+
+# ---------------------------------------------------------------------------------------
+# Reference
+# ---------------------------------------------------------------------------------------
+
+
+def visible_mask(sq, sk, causal, window, device):
+    """(sq, sk) bool: query i sees key j (bottom-right aligned causal / window)."""
+    wl, wr = window
+    if causal:
+        wr = 0
+    row = torch.arange(sq, device=device).view(-1, 1)
+    col = torch.arange(sk, device=device).view(1, -1)
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if wr >= 0:
+        vis &= col <= row + sk - sq + wr
+    if wl >= 0:
+        vis &= col >= row + sk - sq - wl
+    return vis
+
+
+def attn_ref_one(q, k, v, causal, window, scale, upcast):
+    """q (sq, h, d), k/v (sk, hk, d) -> out (sq, h, d) in q's dtype, lse (h, sq) fp32."""
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    h, hk = q.shape[1], k.shape[1]
+    if h != hk:
+        k = k.repeat_interleave(h // hk, dim=1)
+        v = v.repeat_interleave(h // hk, dim=1)
+    sq, sk = q.shape[0], k.shape[0]
+    scores = torch.einsum("thd,shd->hts", q, k) * scale
+    vis = visible_mask(sq, sk, causal, window, q.device)
+    row_ok = vis.any(-1)  # (sq,)
+    scores = scores.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(scores.float(), dim=-1).masked_fill(~row_ok, float("inf"))
+    scores = torch.where(row_ok.view(1, -1, 1), scores, torch.zeros_like(scores))
+    attn = torch.softmax(scores, dim=-1) * row_ok.view(1, -1, 1).to(scores.dtype)
+    out = torch.einsum("hts,shd->thd", attn.to(v.dtype), v)
+    return out.to(dtype), lse
+
+
+def varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, upcast):
+    """Packed q (total_q, h, d), k/v (total_k, hk, d); rows past cu_q[-1] -> 0."""
+    outs, lses = [], []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        o, l = attn_ref_one(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], causal,
+                            window, scale, upcast)
+        outs.append(o)
+        lses.append(l)
+    tail = q.shape[0] - cq[-1]
+    outs.append(torch.zeros(tail, q.shape[1], v.shape[2], dtype=q.dtype, device=q.device))
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def assert_close(name, ours, ref, ref_lp, factor, slack):
+    assert ours.shape == ref.shape, f"{name}: shape {tuple(ours.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(ours).all(), f"{name} has NaN/inf"
+    err, pt = max_err(ours, ref), max_err(ref_lp, ref)
+    assert err <= factor * pt + slack, (
+        f"{name}: max err {err:.3e} > {factor} x {pt:.3e} (low-precision reference) + {slack:.0e}"
+    )
+
+
+def lengths_for(mode, max_len, batch, gen=None):
+    if mode == "full":
+        return [max_len] * batch
+    if mode == "random":
+        return torch.randint(max(1, max_len - 20), max_len + 1, (batch,)).tolist()
+    if mode == "third":
+        return torch.randint(max_len // 3, max_len + 1, (batch,)).tolist()
+    if mode == "edge":  # zero-length and length-1 sequences among normal ones
+        base = [0, 1, max_len, 0, 1, max_len // 2 + 1, 3]
+        return (base * (batch // len(base) + 1))[:batch]
+    raise ValueError(mode)
+
+
+def cu_from(lengths, device="cuda"):
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    return cu.to(device)
+
+
+# ---------------------------------------------------------------------------------------
+# Varlen
+# ---------------------------------------------------------------------------------------
+
+LAYOUTS = [(4, 4), (6, 2), (4, 1)]  # (nheads, nheads_k)
+MODES = ["full", "random", "third", "edge"]
+MASKS = [("full", False, (-1, -1)), ("causal", True, (-1, -1)), ("local", False, (32, 7)),
+         ("causal-local", True, (48, -1))]
+
+
+def _varlen_cases(full):
+    cases = []
+    i = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in ((32, 59, 64, 96, 128, 192, 256) if full else (59, 64, 128)):
+            for sq, sk in ((257, 257), (113, 203), (128, 64)) if full else ((257, 257), (113, 203)):
+                for mode in MODES:
+                    for mask in MASKS:
+                        layouts = LAYOUTS if full else [LAYOUTS[i % len(LAYOUTS)]]
+                        for h, hk in layouts:
+                            i += 1
+                            if not full and i % 3 != 0:
+                                continue
+                            cases.append(pytest.param(
+                                dtype, d, sq, sk, mode, mask, h, hk,
+                                id=f"{DTYPE_NAMES[dtype]}-d{d}-sq{sq}-sk{sk}-{mode}-{mask[0]}-h{h}x{hk}"))
+    return cases
+
+
+def _run_varlen(dtype, d, max_sq, max_sk, mode, mask, h, hk, batch=5, tail=3, use_sm90=True):
+    ext = require_config(dtype, d)
+    _, causal, window = mask
+    lq = lengths_for(mode, max_sq, batch)
+    lk = lq if max_sq == max_sk else lengths_for(mode, max_sk, batch)
+    if mode == "edge":
+        lk = [x if x > 0 else 0 for x in lengths_for(mode, max_sk, batch)]
+    cu_q, cu_k = cu_from(lq), cu_from(lk)
+    tq, tk = sum(lq) + tail, sum(lk) + tail
+    q = torch.randn(tq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(tk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(tk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    ext.set_sm90_kernels(use_sm90)
+    try:
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                                             window_size=window, return_attn_probs=True)
+        dout = torch.randn_like(out)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    finally:
+        ext.set_sm90_kernels(True)
+    scale = d ** -0.5
+    out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True)
+    g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
+    out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False)
+    g_lp = torch.autograd.grad(out_lp, (q, k, v), dout)
+    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
+    n = sum(lq)
+    assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
+    fin = torch.isfinite(lse_ref[:, :n])
+    assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
+    torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
+    for name, g, gr, gl in zip(("dq", "dk", "dv"), (dq, dk, dv), g_ref, g_lp):
+        assert_close(name, g, gr, gl, 3, GRAD_SLACK)
+    assert (dq[n:] == 0).all() and (dk[sum(lk):] == 0).all() and (dv[sum(lk):] == 0).all(), \
+        "gradient rows past cu_seqlens[-1] must be zero"
+
+
+@pytest.mark.parametrize("dtype, d, sq, sk, mode, mask, h, hk", _varlen_cases(False))
+def test_varlen_output(dtype, d, sq, sk, mode, mask, h, hk):
+    _run_varlen(dtype, d, sq, sk, mode, mask, h, hk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, d, sq, sk, mode, mask, h, hk", _varlen_cases(True))
+def test_varlen_output_full(dtype, d, sq, sk, mode, mask, h, hk):
+    _run_varlen(dtype, d, sq, sk, mode, mask, h, hk)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_sm80_kernels(d, causal):
+    """The SM80-class forward on an sm_90 device (the sm_90a one is the default there)."""
+    _run_varlen(torch.bfloat16, d, 300, 300, "third", ("m", causal, (-1, -1)), 4, 2,
+                use_sm90=False)
+
+
+def test_varlen_long_sequences():
+    _run_varlen(torch.bfloat16, 128, 2100, 2100, "third", ("causal", True, (-1, -1)), 2, 1,
+                batch=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_qkvpacked_and_kvpacked(causal):
+    require_config(torch.float16, 64)
+    lens = [17, 0, 130, 1, 64]
+    cu = cu_from(lens)
+    t = sum(lens)
+    qkv = torch.randn(t, 3, 4, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=causal)
+    dout = torch.randn_like(out)
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    out_ref, _ = varlen_ref(q, k, v, cu, cu, causal, (-1, -1), 64 ** -0.5, True)
+    (g_ref,) = torch.autograd.grad(out_ref, qkv, dout)
+    out_lp, _ = varlen_ref(q, k, v, cu, cu, causal, (-1, -1), 64 ** -0.5, False)
+    (g_lp,) = torch.autograd.grad(out_lp, qkv, dout)
+    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
+    assert_close("dqkv", dqkv, g_ref, g_lp, 3, GRAD_SLACK)
+
+    q2 = torch.randn(t, 6, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    kv = torch.randn(t, 2, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+    out = flash_attn_varlen_kvpacked_func(q2, kv, cu, cu, max(lens), max(lens), causal=causal)
+    dq, dkv = torch.autograd.grad(out, (q2, kv), dout[:, :1].expand(-1, 6, -1).contiguous())
+    out_ref, _ = varlen_ref(q2, kv[:, 0], kv[:, 1], cu, cu, causal, (-1, -1), 64 ** -0.5, True)
+    g_ref = torch.autograd.grad(out_ref, (q2, kv), dout[:, :1].expand(-1, 6, -1).contiguous())
+    out_lp, _ = varlen_ref(q2, kv[:, 0], kv[:, 1], cu, cu, causal, (-1, -1), 64 ** -0.5, False)
+    g_lp = torch.autograd.grad(out_lp, (q2, kv), dout[:, :1].expand(-1, 6, -1).contiguous())
+    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
+    assert_close("dq", dq, g_ref[0], g_lp[0], 3, GRAD_SLACK)
+    assert_close("dkv", dkv, g_ref[1], g_lp[1], 3, GRAD_SLACK)
+
+
+def test_varlen_all_empty_and_seqused_leftpad():
+    ext = require_config(torch.bfloat16, 128)
+    import flash_attn.flash_attn_interface as fi
+
+    # Every sequence empty: zeros, no hang.
+    q = torch.randn(4, 2, 128, device="cuda", dtype=torch.bfloat16)
+    cu = torch.zeros(3, dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, q, q, cu, cu, 0, 0)
+    assert (out == 0).all()
+    # seqused_k / leftpad_k through the private op: keys [leftpad, seqused) of each sequence.
+    lq, lk = [5, 9], [40, 70]
+    cu_q, cu_k = cu_from(lq), cu_from(lk)
+    q = torch.randn(sum(lq), 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lk), 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    seqused = torch.tensor([31, 70], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([3, 10], dtype=torch.int32, device="cuda")
+    out, lse, _, _ = fi._wrapped_flash_attn_varlen_forward(
+        q, k, v, cu_q, cu_k, 9, 70, 0.0, 128 ** -0.5, True, leftpad_k=leftpad, seqused_k=seqused)
+    for b in range(2):
+        kb = k[cu_k[b] + leftpad[b]: cu_k[b] + seqused[b]]
+        vb = v[cu_k[b] + leftpad[b]: cu_k[b] + seqused[b]]
+        qb = q[cu_q[b]:cu_q[b + 1]]
+        ref, _ = attn_ref_one(qb, kb, vb, True, (-1, -1), 128 ** -0.5, True)
+        lp, _ = attn_ref_one(qb, kb, vb, True, (-1, -1), 128 ** -0.5, False)
+        assert_close(f"out[{b}]", out[cu_q[b]:cu_q[b + 1]], ref, lp, 2, OUT_SLACK)
+
+
+@pytest.mark.parametrize("page", [16, 48, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_paged(page, causal):
+    require_config(torch.bfloat16, 128)
+    lq, lk = [1, 37, 0, 200], [300, 37, 5, 513]
+    cu_q, cu_k = cu_from(lq), cu_from(lk)
+    h, hk, d = 8, 2, 128
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16)
+    nblk = math.ceil(max(lk) / page)
+    num_blocks = len(lk) * nblk + 3
+    k_pages = torch.randn(num_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    v_pages = torch.randn_like(k_pages)
+    block_table = torch.randperm(num_blocks, device="cuda")[: len(lk) * nblk].view(len(lk), nblk)
+    block_table = block_table.to(torch.int32)
+    out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                                 block_table=block_table)
+    k_dense = torch.cat([k_pages[block_table[b].long()].reshape(-1, hk, d)[: lk[b]] for b in range(4)])
+    v_dense = torch.cat([v_pages[block_table[b].long()].reshape(-1, hk, d)[: lk[b]] for b in range(4)])
+    ref, _ = varlen_ref(q, k_dense, v_dense, cu_q, cu_k, causal, (-1, -1), d ** -0.5, True)
+    lp, _ = varlen_ref(q, k_dense, v_dense, cu_q, cu_k, causal, (-1, -1), d ** -0.5, False)
+    assert_close("out", out, ref, lp, 2, OUT_SLACK)
+
+
+def test_varlen_torch_compile():
+    require_config(torch.float16, 64)
+    lens = [10, 33, 1]
+    cu = cu_from(lens)
+    q = torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+
+    def f(q):
+        return flash_attn_varlen_func(q, q, q, cu, cu, 33, 33, causal=True).sum()
+
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(q), f(q))
+
+
+# ---------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------
+
+
+def _rotary_ref(x, cos, sin, pos, interleaved):
+    """x (b, s, h, d) rotated at integer positions pos (b, s)."""
+    return apply_rotary_emb_torch(x, cos[pos], sin[pos], interleaved=interleaved)
+
+
+def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, hk=2,
+                 new_kv=True, seqlen_new=None, rotary_fraction=0.0, interleaved=False,
+                 page=None, leftpad=False, batch_idx=False, num_splits=0, causal=False,
+                 window=(-1, -1), check_lse=True):
+    require_config(dtype, d)
+    dev = "cuda"
+    seqlen_new = (sq if seqlen_new is None else seqlen_new) if new_kv else 0
+    b_cache = b + 2 if batch_idx else b
+    k_dense = torch.randn(b_cache, seqlen_cache, hk, d, device=dev, dtype=dtype)
+    v_dense = torch.randn_like(k_dense)
+    q = torch.randn(b, sq, h, d, device=dev, dtype=dtype)
+    k_new = torch.randn(b, seqlen_new, hk, d, device=dev, dtype=dtype) if new_kv else None
+    v_new = torch.randn_like(k_new) if new_kv else None
+    lo = 0 if new_kv else 1
+    cache_seqlens = torch.randint(lo, seqlen_cache - seqlen_new + 1, (b,), device=dev,
+                                  dtype=torch.int32)
+    cache_leftpad = None
+    if leftpad:
+        cache_leftpad = torch.stack([torch.randint(0, int(s) + 1, (), device=dev)
+                                     for s in cache_seqlens]).to(torch.int32)
+    cache_batch_idx = (torch.randperm(b_cache, device=dev)[:b].to(torch.int32) if batch_idx
+                       else None)
+    rotary_dim = int(rotary_fraction * d) // 16 * 16
+    cos = sin = None
+    if rotary_dim > 0:
+        angle = torch.rand(seqlen_cache, rotary_dim // 2, device=dev) * 2 * math.pi
+        cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+
+    # Reference cache after the append (dense, indexed by cache entry).
+    bidx = cache_batch_idx.long() if batch_idx else torch.arange(b, device=dev)
+    k_ref_cache, v_ref_cache = k_dense.clone(), v_dense.clone()
+    q_ro = q
+    if new_kv:
+        pos = cache_seqlens.long().unsqueeze(1) + torch.arange(seqlen_new, device=dev)
+        k_ro = _rotary_ref(k_new, cos, sin, pos, interleaved) if rotary_dim else k_new
+        for i in range(b):
+            s0 = int(cache_seqlens[i])
+            k_ref_cache[bidx[i], s0:s0 + seqlen_new] = k_ro[i]
+            v_ref_cache[bidx[i], s0:s0 + seqlen_new] = v_new[i]
+        if rotary_dim:
+            local = causal or window != (-1, -1)
+            qpos = (cache_seqlens.long().unsqueeze(1) + torch.arange(sq, device=dev)) if local \
+                else cache_seqlens.long().unsqueeze(1).expand(b, sq)
+            q_ro = _rotary_ref(q, cos, sin, qpos, interleaved)
+
+    # The cache handed to the kernel: dense or paged copies of k_dense / v_dense.
+    block_table = None
+    if page is not None:
+        assert not batch_idx
+        nblk = math.ceil(seqlen_cache / page)
+        num_blocks = b * nblk + 2
+        block_table = torch.randperm(num_blocks, device=dev)[: b * nblk].view(b, nblk).to(torch.int32)
+        k_cache = torch.randn(num_blocks, page, hk, d, device=dev, dtype=dtype)
+        v_cache = torch.randn_like(k_cache)
+        pad = nblk * page - seqlen_cache
+        kd = torch.nn.functional.pad(k_dense, (0, 0, 0, 0, 0, pad))
+        vd = torch.nn.functional.pad(v_dense, (0, 0, 0, 0, 0, pad))
+        k_cache[block_table.long().flatten()] = kd.reshape(b * nblk, page, hk, d)
+        v_cache[block_table.long().flatten()] = vd.reshape(b * nblk, page, hk, d)
+    else:
+        k_cache, v_cache = k_dense.clone(), v_dense.clone()
+
+    out, lse = flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        block_table=block_table, causal=causal, window_size=window,
+        rotary_interleaved=interleaved, num_splits=num_splits, return_softmax_lse=True)
+
+    # The appended cache, exactly.
+    if page is not None:
+        got_k = k_cache[block_table.long()].reshape(b, -1, hk, d)[:, :seqlen_cache]
+        got_v = v_cache[block_table.long()].reshape(b, -1, hk, d)[:, :seqlen_cache]
+        assert torch.equal(got_k, k_ref_cache[bidx]) and torch.equal(got_v, v_ref_cache[bidx])
+    else:
+        assert torch.equal(k_cache, k_ref_cache) and torch.equal(v_cache, v_ref_cache)
+
+    scale = d ** -0.5
+    for i in range(b):
+        lo_k = int(cache_leftpad[i]) if leftpad else 0
+        hi_k = int(cache_seqlens[i]) + seqlen_new
+        kb, vb = k_ref_cache[bidx[i], lo_k:hi_k], v_ref_cache[bidx[i], lo_k:hi_k]
+        ref, lse_ref = attn_ref_one(q_ro[i], kb, vb, causal and sq > 1, window, scale, True)
+        lp, _ = attn_ref_one(q_ro[i], kb, vb, causal and sq > 1, window, scale, False)
+        assert_close(f"out[{i}]", out[i], ref, lp, 2, OUT_SLACK)
+        if check_lse:
+            fin = torch.isfinite(lse_ref)
+            assert torch.equal(fin, torch.isfinite(lse[i])), "lse +inf pattern"
+            torch.testing.assert_close(lse[i][fin], lse_ref[fin], atol=2e-3, rtol=1e-3)
+
+
+KV_CASES = [
+    # (name, kwargs)
+    ("decode-gqa", dict(sq=1, h=32, hk=8)),
+    ("decode-mqa-split3", dict(sq=1, h=8, hk=1, num_splits=3)),
+    ("decode-mha-nosplit", dict(sq=1, h=4, hk=4, num_splits=1)),
+    ("noappend", dict(new_kv=False, sq=1)),
+    ("noappend-sq5-causal", dict(new_kv=False, sq=5, causal=True)),
+    ("append-sq4-causal", dict(sq=4, causal=True)),
+    ("append-new3-sq1", dict(sq=1, seqlen_new=3)),
+    ("rotary-half", dict(sq=2, rotary_fraction=0.5, causal=True)),
+    ("rotary-full-interleaved", dict(sq=1, rotary_fraction=1.0, interleaved=True)),
+    ("rotary-noncausal-sq3", dict(sq=3, rotary_fraction=1.0)),
+    ("paged16", dict(sq=1, page=16, h=32, hk=8)),
+    ("paged64-causal-sq4", dict(sq=4, page=64, causal=True)),
+    ("paged256-split3", dict(sq=1, page=256, num_splits=3, seqlen_cache=700)),
+    ("paged48-rotary", dict(sq=2, page=48, rotary_fraction=0.5, causal=True)),
+    ("leftpad", dict(sq=1, leftpad=True)),
+    ("leftpad-paged", dict(sq=3, leftpad=True, page=32, causal=True)),
+    ("batch-idx", dict(sq=1, batch_idx=True)),
+    ("batch-idx-causal", dict(sq=4, batch_idx=True, causal=True, num_splits=2)),
+    ("local", dict(sq=3, window=(40, 0))),
+    ("local-split", dict(sq=1, window=(64, -1), num_splits=4)),
+    ("prefill-kernel", dict(sq=100, causal=True, h=4, hk=4)),
+    ("prefill-kernel-leftpad-idx", dict(sq=80, causal=True, leftpad=True, batch_idx=True)),
+    ("fp16-d64", dict(dtype=torch.float16, d=64, sq=1)),
+    ("d59-padded", dict(d=59, sq=1, h=4, hk=2, new_kv=False)),
+    ("d256", dict(d=256, sq=2, causal=True)),
+]
+
+
+@pytest.mark.parametrize("name, kw", KV_CASES, ids=[c[0] for c in KV_CASES])
+def test_kvcache(name, kw):
+    _run_kvcache(**kw)
+
+
+def _kv_full_cases():
+    cases = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in (64, 128, 256):
+            for sq, new in ((1, True), (1, False), (4, True), (65, True)):
+                for page in (None, 16, 64, 256):
+                    for h, hk in ((8, 8), (8, 2), (8, 1)):
+                        for causal in (False, True):
+                            for splits in (1, 0, 3):
+                                cases.append(pytest.param(
+                                    dict(dtype=dtype, d=d, sq=sq, new_kv=new, page=page, h=h,
+                                         hk=hk, causal=causal, num_splits=splits,
+                                         rotary_fraction=0.5 if new else 0.0,
+                                         leftpad=page is None and sq == 4),
+                                    id=f"{DTYPE_NAMES[dtype]}-d{d}-sq{sq}-new{int(new)}-p{page}-"
+                                       f"h{h}x{hk}-c{int(causal)}-s{splits}"))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kw", _kv_full_cases())
+def test_kvcache_full(kw):
+    _run_kvcache(**kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seqlen_cache", [32 * 1024, 128 * 1024 + 5])
+@pytest.mark.parametrize("page", [None, 16])
+def test_kvcache_long_context(seqlen_cache, page):
+    _run_kvcache(sq=1, b=1, h=32, hk=8, seqlen_cache=seqlen_cache, page=page)
+
+
+def test_kvcache_int_cache_seqlens_and_compile():
+    require_config(torch.bfloat16, 128)
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    k = torch.randn(2, 1, 2, 128, device="cuda", dtype=torch.bfloat16)
+    out = flash_attn_with_kvcache(q, kc.clone(), vc.clone(), k, k, cache_seqlens=10)
+    out2 = flash_attn_with_kvcache(
+        q, kc.clone(), vc.clone(), k, k,
+        cache_seqlens=torch.full((2,), 10, dtype=torch.int32, device="cuda"))
+    torch.testing.assert_close(out, out2, atol=0, rtol=0)
+
+    def step(q, kc, vc, k, seqlens):
+        return flash_attn_with_kvcache(q, kc, vc, k, k, cache_seqlens=seqlens, causal=True)
+
+    kc1, vc1, kc2, vc2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    seqlens = torch.full((2,), 10, dtype=torch.int32, device="cuda")
+    compiled = torch.compile(step, fullgraph=True)
+    torch.testing.assert_close(compiled(q, kc1, vc1, k, seqlens), step(q, kc2, vc2, k, seqlens))
+    assert torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
+
+
+def test_kvcache_many_splits_fill_gpu():
+    """1 query token against a long cache: the split heuristic kicks in and matches no split."""
+    require_gpu()
+    require_config(torch.bfloat16, 128)
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(1, 20000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    a = flash_attn_with_kvcache(q, kc, vc, num_splits=0)
+    b = flash_attn_with_kvcache(q, kc, vc, num_splits=1)
+    c = flash_attn_with_kvcache(q, kc, vc, num_splits=57)
+    torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-2)
+    torch.testing.assert_close(c, b, atol=2e-3, rtol=1e-2)

@@ -1,0 +1,242 @@
+"""CPU-only tests of the varlen and KV-cache Python layer: signatures, op schemas, argument
+validation and the fake (meta) implementations. No GPU needed."""
+
+import inspect
+
+import pytest
+import torch
+
+import flash_attn
+import flash_attn.flash_attn_interface as fi
+from flash_attn import (
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
+
+
+def _m(*shape, dtype=torch.float16, device="meta"):
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _cu(b, device="meta"):
+    return torch.empty(b + 1, dtype=torch.int32, device=device)
+
+
+# ---------------------------------------------------------------------------------------
+# Surface
+# ---------------------------------------------------------------------------------------
+
+
+def _params(f):
+    return [(p.name, p.default) for p in inspect.signature(f).parameters.values()]
+
+
+def test_varlen_signatures_match_upstream():
+    tail = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+            ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+            ("deterministic", False), ("return_attn_probs", False)]
+    e = inspect.Parameter.empty
+    assert _params(flash_attn_varlen_func) == [
+        ("q", e), ("k", e), ("v", e), ("cu_seqlens_q", e), ("cu_seqlens_k", e),
+        ("max_seqlen_q", e), ("max_seqlen_k", e)] + tail + [("block_table", None)]
+    assert _params(flash_attn_varlen_qkvpacked_func) == [
+        ("qkv", e), ("cu_seqlens", e), ("max_seqlen", e)] + tail
+    assert _params(flash_attn_varlen_kvpacked_func) == [
+        ("q", e), ("kv", e), ("cu_seqlens_q", e), ("cu_seqlens_k", e), ("max_seqlen_q", e),
+        ("max_seqlen_k", e)] + tail
+
+
+def test_kvcache_signature_matches_upstream():
+    names = [n for n, _ in _params(flash_attn_with_kvcache)]
+    assert names == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin",
+                     "cache_seqlens", "cache_batch_idx", "cache_leftpad", "block_table",
+                     "softmax_scale", "causal", "window_size", "softcap", "rotary_interleaved",
+                     "alibi_slopes", "num_splits", "return_softmax_lse"]
+    d = dict(_params(flash_attn_with_kvcache))
+    assert d["rotary_interleaved"] is True and d["num_splits"] == 0 and d["window_size"] == (-1, -1)
+
+
+def test_private_op_schemas():
+    fwd = str(torch.ops.flash_attn._flash_attn_varlen_forward.default._schema)
+    assert ("max_seqlen_q, SymInt max_seqlen_k, float dropout_p, float softmax_scale, bool causal, "
+            "SymInt window_size_left=-1, SymInt window_size_right=-1, float softcap=0., "
+            "Tensor? alibi_slopes=None, bool return_softmax=False, Tensor? block_table=None, "
+            "Tensor? leftpad_k=None, Tensor? seqused_k=None, bool zero_tensors=False)") in fwd
+    bwd = str(torch.ops.flash_attn._flash_attn_varlen_backward.default._schema)
+    assert "Tensor(a6!)? dq, Tensor(a7!)? dk, Tensor(a8!)? dv, Tensor cu_seqlens_q" in bwd
+    assert bwd.endswith("bool deterministic, Tensor? rng_state=None, bool zero_tensors=False) -> Tensor")
+    kv = str(torch.ops.flash_attn._flash_attn_kvcache.default._schema)
+    assert "Tensor(a1!) k_cache, Tensor(a2!) v_cache" in kv
+    assert fi._wrapped_flash_attn_varlen_forward is torch.ops.flash_attn._flash_attn_varlen_forward
+    assert fi._wrapped_flash_attn_varlen_backward is torch.ops.flash_attn._flash_attn_varlen_backward
+
+
+# ---------------------------------------------------------------------------------------
+# Fake implementations (meta tensors)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [64, 59])
+def test_varlen_meta_shapes(d):
+    q, k, v = _m(30, 6, d), _m(40, 2, d), _m(40, 2, d)
+    out, lse, s = flash_attn_varlen_func(q, k, v, _cu(3), _cu(3), 17, 20, causal=True,
+                                         window_size=(8, 0), return_attn_probs=True)
+    assert out.shape == (30, 6, d) and lse.shape == (6, 30) and lse.dtype == torch.float32
+    assert s.numel() == 0
+    qkv = _m(30, 3, 4, d)
+    assert flash_attn_varlen_qkvpacked_func(qkv, _cu(2), 20).shape == (30, 4, d)
+    kv = _m(40, 2, 2, d)
+    assert flash_attn_varlen_kvpacked_func(q, kv, _cu(2), _cu(2), 20, 20).shape == (30, 6, d)
+
+
+def test_varlen_backward_fake_shape():
+    q = _m(30, 6, 64)
+    sd = torch.ops.flash_attn._flash_attn_varlen_backward(
+        q, q, _m(40, 2, 64), _m(40, 2, 64), q, _m(6, 30, dtype=torch.float32), None, None, None,
+        _cu(3), _cu(3), 17, 20, 0.0, 0.125, False, -1, -1, 0.0, None, False)
+    assert sd.shape == (6, 30 + 128 * 3)
+
+
+def test_varlen_paged_meta():
+    q = _m(30, 8, 128)
+    kp = _m(10, 48, 2, 128)
+    bt = torch.empty(3, 4, dtype=torch.int32, device="meta")
+    out = flash_attn_varlen_func(q, kp, kp, _cu(3), _cu(3), 17, 190, block_table=bt)
+    assert out.shape == (30, 8, 128)
+
+
+def test_kvcache_meta_shapes():
+    q = _m(2, 3, 8, 128)
+    kc = _m(2, 100, 2, 128)
+    out, lse = flash_attn_with_kvcache(q, kc, kc, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 8, 3)
+    assert flash_attn_with_kvcache(q, kc, kc).shape == q.shape
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+
+def test_varlen_validation_errors():
+    q, k = _m(30, 6, 64), _m(40, 2, 64)
+    cu = _cu(3)
+    with pytest.raises(ValueError, match="q must have 3 dimensions"):
+        flash_attn_varlen_func(_m(1, 30, 6, 64), k, k, cu, cu, 10, 10)
+    with pytest.raises(TypeError, match="cu_seqlens_q must have dtype torch.int32"):
+        flash_attn_varlen_func(q, k, k, torch.empty(4, dtype=torch.int64, device="meta"), cu, 10, 10)
+    with pytest.raises(ValueError, match="cu_seqlens_k must have shape"):
+        flash_attn_varlen_func(q, k, k, cu, _cu(2), 10, 10)
+    with pytest.raises(ValueError, match="cu_seqlens_q must have shape"):
+        flash_attn_varlen_func(q, k, k, torch.empty(1, dtype=torch.int32, device="meta"), cu, 10, 10)
+    with pytest.raises(TypeError, match="max_seqlen_q must be a Python int"):
+        flash_attn_varlen_func(q, k, k, cu, cu, 10.0, 10)
+    with pytest.raises(ValueError, match="max_seqlen_k must be >= 0"):
+        flash_attn_varlen_func(q, k, k, cu, cu, 10, -1)
+    with pytest.raises(ValueError, match="must be a positive multiple"):
+        flash_attn_varlen_func(_m(30, 5, 64), k, k, cu, cu, 10, 10)
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attn_varlen_func(q, _m(40, 2, 64, dtype=torch.bfloat16), k, cu, cu, 10, 10)
+    with pytest.raises(ValueError, match="same shape"):
+        flash_attn_varlen_func(q, k, _m(41, 2, 64), cu, cu, 10, 10)
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attn_varlen_func(q, k, k, cu, cu, 10, 10, window_size=(1, 2, 3))
+    with pytest.raises(ValueError, match="CUDA device"):
+        flash_attn_varlen_func(_m(30, 6, 64, device="cpu"), _m(40, 2, 64, device="cpu"),
+                               _m(40, 2, 64, device="cpu"), _cu(3, "cpu"), _cu(3, "cpu"), 10, 10)
+    with pytest.raises(ValueError, match="headdim"):
+        flash_attn_varlen_func(_m(30, 6, 300), _m(40, 2, 300), _m(40, 2, 300), cu, cu, 10, 10)
+
+
+def test_varlen_paged_validation():
+    q = _m(30, 8, 128)
+    cu = _cu(3)
+    bt = torch.empty(3, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        flash_attn_varlen_func(q, _m(10, 40, 2, 128), _m(10, 40, 2, 128), cu, cu, 10, 10,
+                               block_table=bt)
+    with pytest.raises(ValueError, match="k must have 4 dimensions"):
+        flash_attn_varlen_func(q, _m(40, 2, 128), _m(40, 2, 128), cu, cu, 10, 10, block_table=bt)
+    with pytest.raises(TypeError, match="block_table must have dtype torch.int32"):
+        flash_attn_varlen_func(q, _m(10, 32, 2, 128), _m(10, 32, 2, 128), cu, cu, 10, 10,
+                               block_table=bt.long())
+    with pytest.raises(ValueError, match="block_table must have shape"):
+        flash_attn_varlen_func(q, _m(10, 32, 2, 128), _m(10, 32, 2, 128), cu, cu, 10, 10,
+                               block_table=torch.empty(2, 4, dtype=torch.int32, device="meta"))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(dropout_p=0.1), "dropout_p > 0"),
+    (dict(softcap=1.0), "softcap"),
+    (dict(alibi_slopes=torch.empty(6, dtype=torch.float32, device="meta")), "alibi"),
+    (dict(deterministic=True), "deterministic"),
+])
+def test_varlen_not_implemented(kw, msg):
+    q, k = _m(30, 6, 64), _m(40, 2, 64)
+    with pytest.raises(NotImplementedError, match=msg):
+        flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), 10, 10, **kw)
+
+
+def test_varlen_dropout_out_of_range():
+    q, k = _m(30, 6, 64), _m(40, 2, 64)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\]"):
+        flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), 10, 10, dropout_p=1.5)
+
+
+def test_kvcache_validation_errors():
+    q = _m(2, 1, 8, 128)
+    kc = _m(2, 64, 2, 128)
+    kn = _m(2, 1, 2, 128)
+    seq = torch.empty(2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="k and v must be given together"):
+        flash_attn_with_kvcache(q, kc, kc, k=kn)
+    with pytest.raises(ValueError, match="k and v must have shape"):
+        flash_attn_with_kvcache(q, kc, kc, k=_m(2, 1, 4, 128), v=_m(2, 1, 4, 128))
+    with pytest.raises(ValueError, match="v_cache must have the same shape"):
+        flash_attn_with_kvcache(q, kc, _m(2, 65, 2, 128))
+    with pytest.raises(ValueError, match="multiple of the number of heads"):
+        flash_attn_with_kvcache(_m(2, 1, 5, 128), kc, kc)
+    with pytest.raises(TypeError, match="cache_seqlens must have dtype torch.int32"):
+        flash_attn_with_kvcache(q, kc, kc, cache_seqlens=seq.long())
+    with pytest.raises(ValueError, match="cache_batch_idx must have shape"):
+        flash_attn_with_kvcache(q, kc, kc, cache_batch_idx=torch.empty(3, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="pass cache_batch_idx"):
+        flash_attn_with_kvcache(_m(3, 1, 8, 128), kc, kc)
+    with pytest.raises(ValueError, match="rotary_cos / rotary_sin need the new k"):
+        cos = _m(64, 32)
+        flash_attn_with_kvcache(q, kc, kc, rotary_cos=cos, rotary_sin=cos)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        cos = _m(64, 4)
+        flash_attn_with_kvcache(q, kc, kc, kn, kn, rotary_cos=cos, rotary_sin=cos)
+    with pytest.raises(ValueError, match="seqlen_ro must cover"):
+        cos = _m(10, 32)
+        flash_attn_with_kvcache(q, kc, kc, kn, kn, rotary_cos=cos, rotary_sin=cos)
+    with pytest.raises(ValueError, match="num_splits"):
+        flash_attn_with_kvcache(q, kc, kc, num_splits=-1)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        flash_attn_with_kvcache(q, kc, kc, softcap=5.0)
+    with pytest.raises(NotImplementedError, match="alibi"):
+        flash_attn_with_kvcache(q, kc, kc, alibi_slopes=torch.empty(8, device="meta"))
+    bt = torch.empty(2, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        flash_attn_with_kvcache(q, _m(10, 24, 2, 128), _m(10, 24, 2, 128), block_table=bt)
+    with pytest.raises(ValueError, match="cache_batch_idx cannot be combined"):
+        flash_attn_with_kvcache(q, _m(10, 32, 2, 128), _m(10, 32, 2, 128), block_table=bt,
+                                cache_batch_idx=torch.empty(2, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="CUDA device"):
+        flash_attn_with_kvcache(_m(2, 1, 8, 128, device="cpu"), _m(2, 64, 2, 128, device="cpu"),
+                                _m(2, 64, 2, 128, device="cpu"))
+
+
+def test_varlen_torch_compile_meta_fullgraph():
+    """The varlen path traces without graph breaks (custom op + fake impl)."""
+    def f(q, k, v, cu):
+        return flash_attn_varlen_func(q, k, v, cu, cu, 16, 16, causal=True)
+
+    q, k = _m(30, 6, 64), _m(30, 2, 64)
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(q, k, k, _cu(2))
+    assert any("flash_attn._flash_attn_varlen_forward" in str(n.target) for n in gm.graph.nodes)
