@@ -31,9 +31,10 @@ void launch_fwd(FwdParams &params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
-    if constexpr (kHasSm90Fwd<kHeadDim> && !kFeat) {
-        if (params.use_sm90) {
-            run_mha_fwd_sm90<Element, kHeadDim>(params, stream);
+    if constexpr (kHasSm90Fwd<kHeadDim>) {
+        // Softcap and ALiBi run on the Hopper kernel too; dropout only on the SM80-class one.
+        if (params.use_sm90 && (!kFeat || params.p_dropout == 0.f)) {
+            run_mha_fwd_sm90<Element, kHeadDim, kFeat>(params, stream);
             return;
         }
     }

@@ -15,7 +15,6 @@ import itertools
 import pytest
 import torch
 
-import flash_attn.flash_attn_interface as fi
 from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
 from fa_test_utils import (

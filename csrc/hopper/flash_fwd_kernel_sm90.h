@@ -15,6 +15,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "../attn_mods.h"
 #include "../block_info.h"
 #include "../flash.h"
 #include "../flash_fwd_kernel.h"  // store_tile
@@ -46,7 +47,8 @@ __forceinline__ __device__ void wgmma(TiledMma &tiled_mma, TensorA const &tCrA, 
     if constexpr (kRegA) { warpgroup_fence_operand(const_cast<TensorA &>(tCrA)); }
 }
 
-template <typename Traits>
+// kFeat: the variant with softcap and ALiBi (dropout runs on the SM80-class kernel).
+template <typename Traits, bool kFeat>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_fwd_kernel_sm90(const __grid_constant__ FwdParams params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
     using Element = typename Traits::Element;
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     auto new_acc_s = [&]() { return partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}); };
 
     OnlineSoftmax<kNRows> softmax;
+    const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
     const int n_blocks = n_block_max - n_block_min;
     int n_block = n_block_max - 1;  // block t of the walk is n_block_max - 1 - t
 
@@ -173,6 +176,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
 
     Tensor acc_s = new_acc_s();
     wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_qk, tSrQ, tSrK(_, _, _, 0), acc_s);
+    if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN); }
     if (mask.tile_needs_mask(row0, n_block * kBlockN, kBlockM, kBlockN)) {
         mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
     }
@@ -200,6 +204,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         cp_async_fence();
         warpgroup_wait<1>();  // S_t ready; P_{t-1} V[t-1] may still run
         warpgroup_fence_operand(acc_s_next);
+        if constexpr (kFeat) { score_mod.apply(acc_s_next, coords_s, row0, n_block * kBlockN); }
         if (mask.tile_needs_mask(row0, n_block * kBlockN, kBlockM, kBlockN)) {
             mask.apply(acc_s_next, coords_s, row0, n_block * kBlockN);
         }

@@ -13,25 +13,26 @@ namespace flash {
 template <int kHeadDim>
 constexpr bool kHasSm90Fwd = kHeadDim == 64 || kHeadDim == 128;
 
-template <typename Traits>
+template <typename Traits, bool kFeat>
 void launch_fwd_sm90(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_kernel_sm90<Traits>;
+    auto kernel = &flash_fwd_kernel_sm90<Traits, kFeat>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.b, params.h);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
 }
 
-template <typename Element, int kHeadDim>
+// kFeat: softcap / ALiBi variant (no dropout).
+template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_sm90(FwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Fwd<kHeadDim>);
     if constexpr (kHeadDim == 64) {
         // 64-key tiles keep registers at 128, so two CTAs share an SM and one's softmax overlaps
         // the other's GEMMs: 361 vs 301 TFLOP/s for 128-key tiles (H200, seqlen 8k).
-        launch_fwd_sm90<FwdKernelTraitsSm90<kHeadDim, 128, 64, Element, 2>>(params, stream);
+        launch_fwd_sm90<FwdKernelTraitsSm90<kHeadDim, 128, 64, Element, 2>, kFeat>(params, stream);
     } else {
-        launch_fwd_sm90<FwdKernelTraitsSm90<kHeadDim, 128, 128, Element>>(params, stream);
+        launch_fwd_sm90<FwdKernelTraitsSm90<kHeadDim, 128, 128, Element>, kFeat>(params, stream);
     }
 }
 
