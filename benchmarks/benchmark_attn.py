@@ -8,6 +8,7 @@ Run on a machine with an NVIDIA GPU (built for H100/H200, sm90):
     python benchmarks/benchmark_attn.py --dtypes bf16,fp16 --check
     python benchmarks/benchmark_attn.py --decode           # 1 query token vs long KV cache
     python benchmarks/benchmark_attn.py --varlen           # packed variable-length batch
+    python benchmarks/benchmark_attn.py --features         # cost of window/ALiBi/dropout/...
 
 Standard grid (as in the FlashAttention papers): total tokens 16384 (batch = 16384 // seqlen),
 hidden 2048 (nheads = 2048 // headdim), headdim in {64, 128, 256},
@@ -133,6 +134,10 @@ def parse_args(argv=None):
                         "128..4096 (fixed seed); ours varlen vs ours dense, fwd/bwd TFLOP/s")
     p.add_argument("--decode-page", type=int, default=16,
                    help="page size of the paged-cache decode variant (default: 16)")
+    p.add_argument("--features", action="store_true",
+                   help="feature-cost mode instead of the grid: ours only, plain vs sliding "
+                        "window (left=512), ALiBi, dropout 0.1, softcap and the deterministic "
+                        "backward at seqlen 8192, headdim 128 (unless given), bf16")
     p.add_argument("--total-tokens", type=int, default=16384,
                    help="batch = total_tokens // seqlen, at least 1 (default: 16384)")
     p.add_argument("--hidden", type=int, default=2048,
@@ -146,6 +151,11 @@ def parse_args(argv=None):
     p.add_argument("--rep-ms", type=int, default=100,
                    help="do_bench repetition time per measurement (default: 100)")
     args = p.parse_args(argv)
+    if args.features:
+        if args.seqlens is None:
+            args.seqlens = [8192]
+        if args.headdims is None:
+            args.headdims = [128]
     if args.seqlens is None:
         args.seqlens = list(QUICK_SEQLENS if args.quick else DEFAULT_SEQLENS)
     if args.headdims is None:
@@ -384,11 +394,15 @@ class Bench:
         return sets
 
     # ---- one measurement ---------------------------------------------------------------
-    def time_phase(self, backend, phase, cfg, sets, enable_gqa=False, kv_transform=None):
-        """Median milliseconds of one phase, rotating over the input sets."""
+    def time_phase(self, backend, phase, cfg, sets, enable_gqa=False, kv_transform=None, fn=None):
+        """Median milliseconds of one phase, rotating over the input sets (fn(q, k, v) replaces
+        the backend's function when given)."""
         torch = self.torch
-        ctx_factory, fn = self.backend_fn(backend, cfg["causal"], cfg["seqlen_q"], cfg["seqlen_k"],
-                                          enable_gqa=enable_gqa)
+        if fn is None:
+            ctx_factory, fn = self.backend_fn(backend, cfg["causal"], cfg["seqlen_q"],
+                                              cfg["seqlen_k"], enable_gqa=enable_gqa)
+        else:
+            ctx_factory = contextlib.nullcontext
         if kv_transform is not None:  # e.g. repeat kv heads, outside the timed region
             sets = [(q, kv_transform(k), kv_transform(v)) for q, k, v in sets]
         n = len(sets)
@@ -581,6 +595,93 @@ def run_grid(bench, args, rows):
                                                cfg["headdim"], cfg["seqlen_q"], cfg["batch"], cfg["nheads"])
         line += "".join(" %13s |" % cells.get(b, "") for b in args.backends)
         print(line, flush=True)
+
+
+# (name, flash_attn_func keyword arguments, the plain baseline it is compared with, which
+# ratio the issue's criterion is about and its bound): ratio = time / baseline time.
+FEATURE_VARIANTS = [
+    ("plain", {}, None, None, None),
+    ("causal", {"causal": True}, None, None, None),
+    ("window(512,0)", {"window_size": (512, 0)}, "causal", "speedup fwdbwd", 4.0),
+    ("alibi", {"alibi_slopes": "ALIBI"}, "plain", "fwdbwd", 1.15),
+    ("alibi+causal", {"alibi_slopes": "ALIBI", "causal": True}, "causal", "fwdbwd", 1.15),
+    ("dropout0.1", {"dropout_p": 0.1}, "plain", "fwdbwd", 1.15),
+    ("softcap30", {"softcap": 30.0}, "plain", "fwdbwd", None),
+    ("deterministic", {"deterministic": True}, "plain", "bwd", 1.25),
+    ("determ.+causal", {"deterministic": True, "causal": True}, "causal", "bwd", 1.25),
+]
+
+
+def _fmt3(x):
+    return "n/a" if x is None else "%.3f" % x
+
+
+def run_features(bench, args, rows):
+    """Feature-cost table: ours with each feature vs the plain kernel (same shapes)."""
+    torch = bench.torch
+    if bench.ours is None:
+        raise RuntimeError("flash_attn import failed: %s" % bench.ours_error)
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    print("\nFeature costs (ours; ms, and time / baseline time); timer: %s" % bench.timer_kind)
+    hdr = "%-5s %4s %6s %5s %4s  %-15s %9s %9s %9s  %-8s %7s %7s %7s  %s" % (
+        "dtype", "d", "seqlen", "batch", "nh", "variant", "fwd ms", "bwd ms", "f+b ms",
+        "vs", "fwd x", "bwd x", "f+b x", "criterion")
+    print(hdr)
+    print("-" * len(hdr))
+    for dt in args.dtypes:
+        dtype = dtypes[dt]
+        for d in args.headdims:
+            for s in args.seqlens:
+                batch = max(1, args.total_tokens // s)
+                nheads = args.hidden // d
+                cfg = dict(dtype=dt, headdim=d, seqlen_q=s, seqlen_k=s, batch=batch,
+                           nheads=nheads, nheads_k=nheads, causal=False)
+                n_sets = bench.n_rotations(5 * batch * s * nheads * d * 2)
+                sets = bench.make_inputs(cfg, n_sets, dtype)
+                slopes = torch.rand(nheads, device=DEVICE, dtype=torch.float32) * 0.1
+                times = {}
+                for name, kw, base, crit, bound in FEATURE_VARIANTS:
+                    kw = {k: (slopes if v == "ALIBI" else v) for k, v in kw.items()}
+                    f = bench.ours
+                    fn = (lambda q, k, v, kw=kw: f(q, k, v, **kw))
+                    rec = dict(cfg, causal=int(kw.get("causal", False)), backend="ours:" + name,
+                               n_input_sets=n_sets, note="")
+                    ms = {}
+                    for phase in PHASES:
+                        try:
+                            ms[phase] = bench.time_phase("ours", phase, cfg, sets, fn=fn)
+                        except StickyCudaError:
+                            raise
+                        except Exception as e:  # noqa: BLE001
+                            rec["note"] = bench.report_failure("ours", "%s %s" % (name, phase), e)
+                            ms[phase] = None
+                        rec["%s_ms" % phase] = ms[phase]
+                    times[name] = ms
+                    ratio = {}
+                    if base is not None:
+                        for phase in PHASES:
+                            a, b_ = ms.get(phase), times[base].get(phase)
+                            ratio[phase] = a / b_ if a and b_ else None
+                    verdict = ""
+                    if crit is not None and bound is not None:
+                        if crit.startswith("speedup"):
+                            r = ratio.get(crit.split()[1])
+                            ok = r is not None and 1.0 / r >= bound
+                            verdict = "%s %.2fx faster (>= %gx): %s" % (
+                                crit.split()[1], 1.0 / r if r else float("nan"), bound,
+                                "ok" if ok else "MISSED")
+                        else:
+                            r = ratio.get(crit)
+                            ok = r is not None and r <= bound
+                            verdict = "%s <= %gx: %s" % (crit, bound, "ok" if ok else "MISSED")
+                    rec["note"] = (rec["note"] + " " + verdict).strip()
+                    rows.append(rec)
+                    print("%-5s %4d %6d %5d %4d  %-15s %9s %9s %9s  %-8s %7s %7s %7s  %s" % (
+                        dt, d, s, batch, nheads, name, _fmt3(ms["fwd"]), _fmt3(ms["bwd"]),
+                        _fmt3(ms["fwdbwd"]), base or "", _fmt3(ratio.get("fwd")),
+                        _fmt3(ratio.get("bwd")), _fmt3(ratio.get("fwdbwd")), verdict),
+                        flush=True)
+                del sets
 
 
 def _geomean(xs):
@@ -981,12 +1082,14 @@ def main(argv=None):
 
     meta = collect_meta(bench, args)
     rows, extra, status = [], {}, 0
-    prefix = "decode" if args.decode else ("varlen" if args.varlen else "attn")
+    prefix = "decode" if args.decode else ("varlen" if args.varlen else ("features" if args.features else "attn"))
     try:
         if args.decode:
             run_decode(bench, args, rows)
         elif args.varlen:
             run_varlen(bench, args, rows)
+        elif args.features:
+            run_features(bench, args, rows)
         else:
             if not args.skip_memory and "ours" in args.backends:
                 print()
@@ -999,7 +1102,7 @@ def main(argv=None):
         print("\ninterrupted; partial results are saved.")
         status = 130
 
-    if not args.decode and not args.varlen:
+    if not args.decode and not args.varlen and not args.features:
         lines, summary = summarize(rows, args)
         if lines:
             print()
@@ -1016,7 +1119,9 @@ def main(argv=None):
     png = None
     try:
         title = "%s | torch %s | %s" % (bench.device_name, torch.__version__, meta["date"])
-        if args.decode:
+        if args.features:
+            png = None
+        elif args.decode:
             shown = []
             for b in args.backends:
                 shown += [b, "ours_paged%d" % args.decode_page] if b == "ours" else [b]

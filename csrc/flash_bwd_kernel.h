@@ -314,23 +314,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
         clear(acc_s);
         gemm_ss(acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, tiled_mma_sdp, smem_copy_sdp_A, smem_copy_sdp_B,
                 thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
-        // Softcap: tanh(s * softcap_scale) is kept for its derivative (1 - tanh^2) * softcap_scale.
-        Tensor tanh_s = make_tensor<float>(conditional_return<kFeat>(acc_s.layout(), Layout<_1>{}));
-        if constexpr (kFeat) {
-            if (score_mod.has_softcap()) {
-                score_mod.apply_softcap(acc_s);
-                cute::copy(acc_s, tanh_s);
-            }
-            score_mod.apply_alibi(acc_s, coords_s, row0, col0);
-        }
+        if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, col0); }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) { mask.apply(acc_s, coords_s, row0, col0); }
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         float row_dsum[kNRows];
+        [[maybe_unused]] float row_lse[kNRows];  // softcap: recovers tanh from P
         CUTE_UNROLL
         for (int mi = 0; mi < kNRows; ++mi) {
             const int row = row0 + get<0>(coords_s_rc(mi, 0));
             // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
             const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
+            if constexpr (kFeat) { row_lse[mi] = lse; }
             row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(scores); ++ni) {
@@ -367,9 +361,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
         }
         if constexpr (kFeat) {
             if (score_mod.has_softcap()) {
+                // d score / d s = (1 - tanh^2) * softcap_scale (the softcap factor is in
+                // scale_softmax). tanh is recovered from P = exp2(u * scale_log2 - lse) with
+                // u = tanh + ALiBi bias rather than kept in registers; where P = 0 it does not
+                // matter (no softcap with dropout, so acc_s still holds P).
+                Tensor dS_rc = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
+                const float inv_scale_log2 = 1.f / params.scale_softmax_log2;
                 CUTE_UNROLL
-                for (int i = 0; i < size(acc_dp); ++i) {
-                    acc_dp(i) *= (1.f - tanh_s(i) * tanh_s(i)) * score_mod.softcap_scale;
+                for (int mi = 0; mi < kNRows; ++mi) {
+                    CUTE_UNROLL
+                    for (int ni = 0; ni < size<1>(dS_rc); ++ni) {
+                        const float p = scores(mi, ni);
+                        float t = (__log2f(p) + row_lse[mi]) * inv_scale_log2;
+                        if (score_mod.alibi_slope != 0.f) {
+                            const int dist = row0 + get<0>(coords_s_rc(mi, ni)) + score_mod.diag - col0 -
+                                             get<1>(coords_s_rc(mi, ni));
+                            t -= score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
+                        }
+                        dS_rc(mi, ni) = p > 0.f ? dS_rc(mi, ni) * (1.f - t * t) * score_mod.softcap_scale : 0.f;
+                    }
                 }
             }
         }

@@ -354,14 +354,6 @@ def test_repeated_runs_bitwise_equal(d, hk):
             assert torch.equal(a, r), f"{name} differs between repeated runs"
 
 
-def test_deterministic_backward_not_implemented():
-    require_config(torch.float16, 64)
-    q, k, v = [torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
-               for _ in range(3)]
-    with pytest.raises(NotImplementedError, match="deterministic"):
-        flash_attn_func(q, k, v, deterministic=True)
-
-
 def test_return_attn_probs():
     dtype = torch.float16
     require_config(dtype, 64)

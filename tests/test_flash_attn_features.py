@@ -1,0 +1,354 @@
+"""GPU tests of the flash_attn_func features: sliding window, softcap, ALiBi, dropout and the
+deterministic backward, alone and combined, through all three entry points.
+
+The error rule (fa_test_utils): out within 2x and dq, dk, dv within 3x of the low-precision
+naive error against the fp32 naive reference with the same features (+ tiny slack). Dropout:
+the keep-mask is recovered from S_dmask (negative = dropped) and fed to the reference; it is
+also compared with the Python model of the kernels' Philox mask (fa_test_utils.dropout_keep_ref).
+
+Default set: a rotated sweep (every feature meets both dtypes, head dims 32..256 including 59,
+unequal and odd seqlens, causal, MHA/GQA/MQA). FLASH_ATTN_TEST_FULL=1 adds the full products.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+
+from fa_test_utils import (
+    DTYPE_NAMES,
+    attention_ref,
+    check_against_ref,
+    dropout_keep_ref,
+    local_visible,
+    require_config,
+)
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+HEAD_DIMS = [32, 59, 96, 128, 256]
+SEQLENS = [(113, 203), (239, 113), (1, 77), (256, 256), (317, 1000)]
+LAYOUTS = [(1, 4, 4), (2, 6, 2), (1, 4, 1)]  # (batch, nheads, nheads_k)
+WINDOWS = [(0, 0), (16, 0), (0, 16), (7, 23), (64, -1), (-1, 40), (5000, 5000)]
+
+
+def _alibi(kind, b, h):
+    if kind is None:
+        return None
+    shape = (h,) if kind == "h" else (b, h)
+    return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 0.5).contiguous()
+
+
+def _dropout_mask_from_s_dmask(S_dmask, sq, sk):
+    """Kept iff the S_dmask entry is not negative (sign bit, so -0.0 counts as dropped)."""
+    return ~torch.signbit(S_dmask[:, :, :sq, :sk])
+
+
+def _run(dtype, d, sq, sk, causal, b, h, hk, variant="func", window=(-1, -1), softcap=0.0,
+         alibi=None, dropout_p=0.0, deterministic=False, check_lse=True):
+    require_config(dtype, d)
+    if variant == "qkvpacked":
+        sk, hk = sq, h
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    slopes = _alibi(alibi, b, h)
+    kw = dict(dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap,
+              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
+    if variant == "func":
+        out, lse, S_dmask = flash_attn_func(q, k, v, **kw)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    elif variant == "qkvpacked":
+        qkv = torch.stack([q, k, v], dim=2).detach().requires_grad_()
+        out, lse, S_dmask = flash_attn_qkvpacked_func(qkv, **kw)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (qkv,), dout)[0].unbind(2)
+    else:
+        kv = torch.stack([k, v], dim=2).detach().requires_grad_()
+        out, lse, S_dmask = flash_attn_kvpacked_func(q, kv, **kw)
+        dout = torch.randn_like(out)
+        dq, dkv = torch.autograd.grad(out, (q, kv), dout)
+        grads = (dq, *dkv.unbind(2))
+    feats = dict(window_size=window, softcap=softcap, alibi_slopes=slopes)
+    if dropout_p > 0:
+        r = lambda x: (x + 127) // 128 * 128  # noqa: E731
+        assert S_dmask.shape == (b, h, r(sq), r(sk)), S_dmask.shape
+        feats.update(dropout_p=dropout_p, dropout_mask=_dropout_mask_from_s_dmask(S_dmask, sq, sk))
+    else:
+        assert S_dmask.numel() == 0
+    check_against_ref(out, lse if check_lse else None, grads, q, k, v, dout, causal,
+                      grad_factor=3, **feats)
+
+
+def _rotated(features, seqlens=SEQLENS):
+    """feature settings x dtype x seqlens x causal, with head dim and head layout rotated."""
+    cases = []
+    for i, (feat, dtype, (sq, sk), causal) in enumerate(
+            itertools.product(features, DTYPES, seqlens, (False, True))):
+        d = HEAD_DIMS[i % len(HEAD_DIMS)]
+        b, h, hk = LAYOUTS[(i // len(HEAD_DIMS)) % len(LAYOUTS)]
+        fid = "-".join(f"{k}{v}" for k, v in feat.items())
+        cases.append(pytest.param(feat, dtype, d, sq, sk, causal, b, h, hk,
+                                  id=f"{fid}-{DTYPE_NAMES[dtype]}-d{d}-sq{sq}-sk{sk}-"
+                                     f"{'causal' if causal else 'full'}-b{b}h{h}k{hk}"))
+    return cases
+
+
+def _full(features):
+    cases = []
+    for feat, dtype, d, (sq, sk), causal, (b, h, hk) in itertools.product(
+            features, DTYPES, HEAD_DIMS, SEQLENS, (False, True), LAYOUTS):
+        fid = "-".join(f"{k}{v}" for k, v in feat.items())
+        cases.append(pytest.param(feat, dtype, d, sq, sk, causal, b, h, hk,
+                                  id=f"{fid}-{DTYPE_NAMES[dtype]}-d{d}-sq{sq}-sk{sk}-"
+                                     f"{'causal' if causal else 'full'}-b{b}h{h}k{hk}"))
+    return cases
+
+
+WINDOW_FEATS = [{"window": w} for w in WINDOWS]
+SOFTCAP_FEATS = [{"softcap": 5.0}, {"softcap": 30.0, "window": (40, 8)}]
+ALIBI_FEATS = [{"alibi": "h"}, {"alibi": "bh", "window": (32, 32)}]
+DROPOUT_FEATS = [{"dropout_p": 0.17}, {"dropout_p": 0.4, "window": (50, 10)}]
+COMBO_FEATS = [
+    {"dropout_p": 0.1, "alibi": "h", "window": (24, 0)},
+    {"softcap": 8.0, "alibi": "bh", "window": (60, 12)},
+    {"dropout_p": 0.25, "alibi": "bh", "deterministic": True},
+    {"softcap": 10.0, "deterministic": True, "window": (0, 30)},
+]
+
+
+def _feat_kwargs(feat):
+    kw = dict(feat)
+    if "window" in kw:
+        kw["window"] = tuple(kw["window"])
+    return kw
+
+
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(WINDOW_FEATS))
+def test_window(feat, dtype, d, sq, sk, causal, b, h, hk):
+    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(SOFTCAP_FEATS))
+def test_softcap(feat, dtype, d, sq, sk, causal, b, h, hk):
+    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(ALIBI_FEATS))
+def test_alibi(feat, dtype, d, sq, sk, causal, b, h, hk):
+    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(DROPOUT_FEATS))
+def test_dropout(feat, dtype, d, sq, sk, causal, b, h, hk):
+    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(COMBO_FEATS))
+def test_combinations(feat, dtype, d, sq, sk, causal, b, h, hk):
+    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
+@pytest.mark.parametrize("variant", ["qkvpacked", "kvpacked"])
+@pytest.mark.parametrize("feat", WINDOW_FEATS[:4] + SOFTCAP_FEATS + ALIBI_FEATS + DROPOUT_FEATS
+                         + COMBO_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed(variant, feat, dtype):
+    _run(dtype, 64, 150, 211, True, 2, 6, 2, variant=variant, **_feat_kwargs(feat))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk",
+                         _full(WINDOW_FEATS + SOFTCAP_FEATS + ALIBI_FEATS + DROPOUT_FEATS
+                               + COMBO_FEATS))
+def test_features_full(feat, dtype, d, sq, sk, causal, b, h, hk):
+    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
+# ---------------------------------------------------------------------------------------
+# Window specifics
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_larger_than_seqlen_is_unbounded(d):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    q, k, v = [torch.randn(2, 300, 4, d, device="cuda", dtype=dtype) for _ in range(3)]
+    full = flash_attn_func(q, k, v)
+    assert torch.equal(flash_attn_func(q, k, v, window_size=(300, 10**6)), full)
+    assert torch.equal(flash_attn_func(q, k, v, window_size=torch.tensor([400, 301])), full)
+    causal = flash_attn_func(q, k, v, causal=True)
+    assert torch.equal(flash_attn_func(q, k, v, window_size=(1000, 0)), causal)
+
+
+@pytest.mark.parametrize("sm90", [True, False], ids=["sm90-if-built", "sm80-class"])
+def test_window_both_forward_paths(sm90):
+    """Window-only calls keep the plain (sm_90a where built) forward; both paths must agree with
+    the reference."""
+    ext = require_config(torch.bfloat16, 128)
+    ext.set_sm90_kernels(sm90)
+    try:
+        for window in [(0, 0), (200, 0), (33, 77)]:
+            _run(torch.bfloat16, 128, 1000, 1200, False, 1, 4, 2, window=window)
+    finally:
+        ext.set_sm90_kernels(True)
+
+
+# ---------------------------------------------------------------------------------------
+# Dropout specifics
+# ---------------------------------------------------------------------------------------
+
+
+def _op_forward(q, k, v, p, causal=False, window=(-1, -1), return_softmax=True):
+    return torch.ops.flash_attn._flash_attn_forward(
+        q, k, v, p, q.shape[-1] ** -0.5, causal, window[0], window[1], 0.0, None, return_softmax)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_mask_matches_philox_model(d, causal):
+    """S_dmask's signs are the documented Philox mask of (seed, offset) from rng_state."""
+    dtype = torch.float16
+    require_config(dtype, d)
+    b, sq, sk, h, p = 2, 200, 333, 3, 0.3
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    _, _, S_dmask, rng_state = _op_forward(q, k, v, p, causal=causal)
+    seed, offset = rng_state.tolist()
+    ref = dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()
+    got = _dropout_mask_from_s_dmask(S_dmask, sq, sk)
+    visible = local_visible(sq, sk, (-1, -1), causal, device="cuda")
+    if visible is not None:
+        got, ref = got[..., visible], ref[..., visible]
+    assert torch.equal(got, ref)
+
+
+def test_dropout_kept_fraction():
+    dtype = torch.bfloat16
+    require_config(dtype, 64)
+    q, k, v = [torch.randn(2, 1024, 8, 64, device="cuda", dtype=dtype) for _ in range(3)]
+    for p in (0.1, 0.5, 0.83):
+        _, _, S_dmask = flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True)
+        kept = _dropout_mask_from_s_dmask(S_dmask, 1024, 1024).float().mean().item()
+        assert abs(kept - (1 - p)) < 0.01, (p, kept)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dropout_same_seed_bitwise(d):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    q, k, v = [torch.randn(2, 300, 4, d, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3)]
+    dout = torch.randn(2, 300, 4, d, device="cuda", dtype=dtype)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        out = flash_attn_func(q, k, v, dropout_p=0.2, causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    first, again, other = run(7), run(7), run(8)
+    for name, a, b_ in zip(("out", "dq", "dk", "dv"), first, again):
+        if name == "dq":  # accumulated with atomics in the default backward
+            torch.testing.assert_close(a, b_, atol=2e-2, rtol=0)
+        else:
+            assert torch.equal(a, b_), f"{name} differs for the same seed"
+    assert not torch.equal(first[0], other[0]), "a different seed gave the same output"
+
+
+def test_dropout_rng_state_advances():
+    dtype = torch.float16
+    require_config(dtype, 64)
+    q, k, v = [torch.randn(1, 128, 2, 64, device="cuda", dtype=dtype) for _ in range(3)]
+    torch.manual_seed(3)
+    _, _, _, r1 = _op_forward(q, k, v, 0.5, return_softmax=False)
+    _, _, _, r2 = _op_forward(q, k, v, 0.5, return_softmax=False)
+    assert r1[0].item() == r2[0].item() == 3  # seed
+    assert r2[1].item() > r1[1].item()  # offset advanced
+    out0, _, _, r0 = _op_forward(q, k, v, 0.0, return_softmax=False)
+    assert r0.tolist() == [0, 0]
+    torch.testing.assert_close(out0, attention_ref(q, k, v)[0], atol=2e-3, rtol=1e-3)
+
+
+def test_dropout_eval_mode_matches_plain():
+    dtype = torch.bfloat16
+    require_config(dtype, 128)
+    q, k, v = [torch.randn(1, 200, 2, 128, device="cuda", dtype=dtype) for _ in range(3)]
+    assert torch.equal(flash_attn_func(q, k, v, dropout_p=0.0), flash_attn_func(q, k, v))
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic backward
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "d, causal, window, hk, sq, sk",
+    [
+        (64, False, (-1, -1), 4, 1024, 1024),
+        (128, True, (-1, -1), 1, 777, 1031),
+        (96, False, (100, 20), 2, 1031, 600),
+        (256, True, (64, -1), 4, 513, 513),
+        (32, False, (-1, -1), 2, 100, 3000),
+    ],
+)
+def test_deterministic_bitwise(d, causal, window, hk, sq, sk):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    b, h = 2, 4
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True)
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    check_against_ref(out, None, first, q, k, v, dout, causal, grad_factor=3, window_size=window)
+    for _ in range(50):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for name, a, r in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(a, r), f"{name} differs between deterministic runs"
+
+
+def test_deterministic_matches_default_closely():
+    dtype = torch.float16
+    require_config(dtype, 64)
+    q, k, v = [torch.randn(2, 500, 4, 64, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3)]
+    dout = torch.randn(2, 500, 4, 64, device="cuda", dtype=dtype)
+    out = flash_attn_func(q, k, v, causal=True)
+    g0 = torch.autograd.grad(out, (q, k, v), dout)
+    out1 = flash_attn_func(q, k, v, causal=True, deterministic=True)
+    assert torch.equal(out, out1)  # the forward is the same kernel
+    g1 = torch.autograd.grad(out1, (q, k, v), dout)
+    for a, b_ in zip(g0, g1):
+        torch.testing.assert_close(a, b_, atol=2e-3, rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------
+# Errors from the op / binding
+# ---------------------------------------------------------------------------------------
+
+
+def test_feature_errors_on_gpu():
+    require_config(torch.float16, 64)
+    q, k, v = [torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3)]
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attn_func(q, k, v, dropout_p=0.1, softcap=3.0)
+    with pytest.raises(TypeError, match="float32"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(2, device="cuda", dtype=torch.float16))
+    with pytest.raises(ValueError, match="alibi_slopes is on device"):
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(2))
+    with pytest.raises(ValueError, match="return_softmax"):
+        _op_forward(q, k, v, 0.0, return_softmax=True)
+    # The binding checks too (for callers of flash_attn._C).
+    ext = require_config(torch.float16, 64)
+    with pytest.raises(ValueError, match="dropout"):
+        ext.fwd(q, k, v, None, 0.125, False, -1, -1, 0.0, None, 1.0, False)
+    with pytest.raises(ValueError, match="alibi_slopes must have shape"):
+        ext.fwd(q, k, v, None, 0.125, False, -1, -1, 0.0,
+                torch.ones(3, device="cuda", dtype=torch.float32), 0.0, False)
