@@ -675,9 +675,7 @@ def _append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
         v_cache[bidx, pos] = v
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
-                          device_types="cuda")
-def _flash_attn_kvcache(
+def _kvcache_impl(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -728,6 +726,33 @@ def _flash_attn_kvcache(
     if out.shape[-1] != head_size_og:
         out = out[..., :head_size_og].contiguous()
     return out, softmax_lse
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
+                          device_types="cuda")
+def _flash_attn_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor],
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Append k/v into the cache (in place), rotate, attend: see flash_attn_with_kvcache."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         window_size_left, window_size_right, rotary_interleaved, num_splits)
 
 
 @_torch_register_fake_wrapper("flash_attn::_flash_attn_kvcache")

@@ -300,16 +300,19 @@ def test_varlen_torch_compile():
 
 
 def _rotary_ref(x, cos, sin, pos, interleaved):
-    """x (b, s, h, d) rotated at integer positions pos (b, s)."""
-    return apply_rotary_emb_torch(x, cos[pos], sin[pos], interleaved=interleaved)
+    """x (b, s, h, d) rotated at integer positions pos (b, s), computed in fp32 (as the
+    implementation does) and rounded once, so the appended cache can be checked exactly."""
+    y = apply_rotary_emb_torch(x.float(), cos.float()[pos], sin.float()[pos], interleaved=interleaved)
+    return y.to(x.dtype)
 
 
 def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, hk=2,
                  new_kv=True, seqlen_new=None, rotary_fraction=0.0, interleaved=False,
                  page=None, leftpad=False, batch_idx=False, num_splits=0, causal=False,
-                 window=(-1, -1), check_lse=True):
-    require_config(dtype, d)
-    dev = "cuda"
+                 window=(-1, -1), check_lse=True, device="cuda"):
+    if device == "cuda":
+        require_config(dtype, d)
+    dev = device
     seqlen_new = (sq if seqlen_new is None else seqlen_new) if new_kv else 0
     b_cache = b + 2 if batch_idx else b
     k_dense = torch.randn(b_cache, seqlen_cache, hk, d, device=dev, dtype=dtype)
@@ -329,7 +332,8 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
     rotary_dim = int(rotary_fraction * d) // 16 * 16
     cos = sin = None
     if rotary_dim > 0:
-        angle = torch.rand(seqlen_cache, rotary_dim // 2, device=dev) * 2 * math.pi
+        seqlen_ro = seqlen_cache if page is None else math.ceil(seqlen_cache / page) * page
+        angle = torch.rand(seqlen_ro, rotary_dim // 2, device=dev) * 2 * math.pi
         cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
 
     # Reference cache after the append (dense, indexed by cache entry).

@@ -240,3 +240,55 @@ def test_varlen_torch_compile_meta_fullgraph():
 
     gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(q, k, k, _cu(2))
     assert any("flash_attn._flash_attn_varlen_forward" in str(n.target) for n in gm.graph.nodes)
+
+
+# ---------------------------------------------------------------------------------------
+# The Python half of flash_attn_with_kvcache (append, rotary, paging, padding) on CPU, with
+# the kernel replaced by a per-sequence reference.
+# ---------------------------------------------------------------------------------------
+
+
+class _CpuKVCacheExt:
+    def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, scale, causal,
+                    wl, wr, num_splits):
+        from test_varlen_kvcache import attn_ref_one
+
+        b, sq, h, d = q.shape
+        outs, lses = [], []
+        for i in range(b):
+            if block_table is not None:
+                kd = kc[block_table[i].long()].reshape(-1, *kc.shape[2:])
+                vd = vc[block_table[i].long()].reshape(-1, *vc.shape[2:])
+            else:
+                j = int(batch_idx[i]) if batch_idx is not None else i
+                kd, vd = kc[j], vc[j]
+            lo = int(leftpad[i]) if leftpad is not None else 0
+            hi = int(seqused[i]) if seqused is not None else kd.shape[0]
+            o, l = attn_ref_one(q[i], kd[lo:hi], vd[lo:hi], causal, (wl, wr), scale, True)
+            outs.append(o)
+            lses.append(l)
+        return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.fixture
+def cpu_kvcache(monkeypatch):
+    import flash_attn._varlen_kvcache as vk
+
+    monkeypatch.setattr(vk, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_kvcache", vk._kvcache_impl)
+    monkeypatch.setattr(vk, "_ext_for", lambda q: _CpuKVCacheExt())
+
+
+@pytest.mark.parametrize("kw", [
+    dict(sq=1), dict(sq=3, causal=True), dict(new_kv=False, sq=2),
+    dict(sq=2, rotary_fraction=0.5, causal=True), dict(sq=1, rotary_fraction=1.0, interleaved=True),
+    dict(sq=3, rotary_fraction=1.0), dict(sq=1, page=16), dict(sq=2, page=48, causal=True),
+    dict(sq=1, leftpad=True), dict(sq=2, leftpad=True, page=32, rotary_fraction=0.5, causal=True),
+    dict(sq=1, batch_idx=True), dict(sq=4, batch_idx=True, causal=True),
+    dict(sq=3, window=(40, 0)), dict(d=59, sq=1, h=4, hk=2, new_kv=False), dict(sq=2, seqlen_new=5),
+], ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_kvcache_python_path_on_cpu(cpu_kvcache, kw):
+    from test_varlen_kvcache import _run_kvcache
+
+    _run_kvcache(device="cpu", dtype=torch.bfloat16, d=kw.pop("d", 64),
+                 seqlen_cache=120, **kw)
