@@ -78,6 +78,7 @@ def varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, upcast):
         lses.append(l)
     tail = q.shape[0] - cq[-1]
     outs.append(torch.zeros(tail, q.shape[1], v.shape[2], dtype=q.dtype, device=q.device))
+    lses.append(torch.full((q.shape[1], tail), float("inf"), device=q.device))
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
@@ -166,6 +167,7 @@ def _run_varlen(dtype, d, max_sq, max_sk, mode, mask, h, hk, batch=5, tail=3, us
     assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
     n = sum(lq)
     assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
+    assert torch.isposinf(lse[:, n:]).all(), "lse rows past cu_seqlens_q[-1] must be +inf"
     fin = torch.isfinite(lse_ref[:, :n])
     assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
     torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
