@@ -453,7 +453,8 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         out.zero_();
         lse.fill_(-std::numeric_limits<float>::infinity());
     }
-    if (b == 0 || total_q == 0 || h == 0) {
+    if (b == 0 || total_q == 0 || h == 0 || max_seqlen_q == 0 || max_seqlen_k == 0) {
+        // Nothing to attend to (also keeps every grid dimension non-zero below).
         out.zero_();
         lse.fill_(std::numeric_limits<float>::infinity());
         copy_back(out_, out);
@@ -532,7 +533,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     if (zero_tensors) dq.zero_(), dk.zero_(), dv.zero_();
     const int accum_rows = static_cast<int>(total_q + 128 * b);
     at::Tensor softmax_d = at::empty({h, accum_rows}, q.options().dtype(at::kFloat));
-    if (b == 0 || h == 0 || total_q == 0 || total_k == 0) {
+    if (b == 0 || h == 0 || total_q == 0 || total_k == 0 || max_seqlen_q == 0 || max_seqlen_k == 0) {
         dq.zero_(), dk.zero_(), dv.zero_();
     } else {
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({total_k, h, d}, q.options());

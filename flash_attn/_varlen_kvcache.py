@@ -15,6 +15,7 @@ Re-exported by flash_attn.flash_attn_interface, where upstream defines them.  Ev
 validated here from metadata only (no device sync), with errors naming the argument.
 """
 
+import operator
 from typing import Optional, Tuple, Union
 
 import torch
@@ -143,9 +144,22 @@ def _check_same(x, ref, name, ref_name):
         )
 
 
+def _as_int(x, name):
+    """An int from an int-like max_seqlen (int, SymInt, numpy integer, integer 0-d tensor)."""
+    if isinstance(x, bool):
+        raise FlashAttnTypeError(f"flash_attn: {name} must be a Python int, got bool")
+    if isinstance(x, (int, torch.SymInt)):
+        return x
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise FlashAttnTypeError(
+            f"flash_attn: {name} must be a Python int, got {type(x).__name__}"
+        ) from None
+
+
 def _check_seqlen_int(x, name):
-    if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
-        raise FlashAttnTypeError(f"flash_attn: {name} must be a Python int, got {type(x).__name__}")
+    x = _as_int(x, name)
     if isinstance(x, int) and x < 0:
         raise FlashAttnValueError(f"flash_attn: {name} must be >= 0, got {x}")
 
@@ -468,6 +482,7 @@ class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
                 f"{_fmt_shape(qkv)}"
             )
         q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
+        max_seqlen = _as_int(max_seqlen, "max_seqlen")
         _check_varlen_inputs(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                              window_size, softcap, alibi_slopes, deterministic,
                              names=("qkv", "qkv", "qkv"))
@@ -498,6 +513,7 @@ class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
                 f"{_fmt_shape(kv)}"
             )
         k, v = kv[:, 0].detach(), kv[:, 1].detach()
+        max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q, "max_seqlen_q"), _as_int(max_seqlen_k, "max_seqlen_k")
         _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              dropout_p, window_size, softcap, alibi_slopes, deterministic,
                              names=("q", "kv", "kv"))
@@ -521,6 +537,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, block_table, is_grad_enabled):
+        max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q, "max_seqlen_q"), _as_int(max_seqlen_k, "max_seqlen_k")
         _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              dropout_p, window_size, softcap, alibi_slopes, deterministic,
                              block_table=block_table)
@@ -675,9 +692,7 @@ def _append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
         v_cache[bidx, pos] = v
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
-                          device_types="cuda")
-def _flash_attn_kvcache(
+def _kvcache_impl(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -728,6 +743,33 @@ def _flash_attn_kvcache(
     if out.shape[-1] != head_size_og:
         out = out[..., :head_size_og].contiguous()
     return out, softmax_lse
+
+
+@_torch_custom_op_wrapper("flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
+                          device_types="cuda")
+def _flash_attn_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor],
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    rotary_interleaved: bool,
+    num_splits: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Append k/v into the cache (in place), rotate, attend: see flash_attn_with_kvcache."""
+    return _kvcache_impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                         window_size_left, window_size_right, rotary_interleaved, num_splits)
 
 
 @_torch_register_fake_wrapper("flash_attn::_flash_attn_kvcache")

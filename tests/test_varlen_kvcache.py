@@ -78,6 +78,7 @@ def varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, upcast):
         lses.append(l)
     tail = q.shape[0] - cq[-1]
     outs.append(torch.zeros(tail, q.shape[1], v.shape[2], dtype=q.dtype, device=q.device))
+    lses.append(torch.full((q.shape[1], tail), float("inf"), device=q.device))
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
@@ -166,6 +167,7 @@ def _run_varlen(dtype, d, max_sq, max_sk, mode, mask, h, hk, batch=5, tail=3, us
     assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
     n = sum(lq)
     assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
+    assert torch.isposinf(lse[:, n:]).all(), "lse rows past cu_seqlens_q[-1] must be +inf"
     fin = torch.isfinite(lse_ref[:, :n])
     assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
     torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
@@ -300,16 +302,19 @@ def test_varlen_torch_compile():
 
 
 def _rotary_ref(x, cos, sin, pos, interleaved):
-    """x (b, s, h, d) rotated at integer positions pos (b, s)."""
-    return apply_rotary_emb_torch(x, cos[pos], sin[pos], interleaved=interleaved)
+    """x (b, s, h, d) rotated at integer positions pos (b, s), computed in fp32 (as the
+    implementation does) and rounded once, so the appended cache can be checked exactly."""
+    y = apply_rotary_emb_torch(x.float(), cos.float()[pos], sin.float()[pos], interleaved=interleaved)
+    return y.to(x.dtype)
 
 
 def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, hk=2,
                  new_kv=True, seqlen_new=None, rotary_fraction=0.0, interleaved=False,
                  page=None, leftpad=False, batch_idx=False, num_splits=0, causal=False,
-                 window=(-1, -1), check_lse=True):
-    require_config(dtype, d)
-    dev = "cuda"
+                 window=(-1, -1), check_lse=True, device="cuda"):
+    if device == "cuda":
+        require_config(dtype, d)
+    dev = device
     seqlen_new = (sq if seqlen_new is None else seqlen_new) if new_kv else 0
     b_cache = b + 2 if batch_idx else b
     k_dense = torch.randn(b_cache, seqlen_cache, hk, d, device=dev, dtype=dtype)
@@ -329,7 +334,8 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
     rotary_dim = int(rotary_fraction * d) // 16 * 16
     cos = sin = None
     if rotary_dim > 0:
-        angle = torch.rand(seqlen_cache, rotary_dim // 2, device=dev) * 2 * math.pi
+        seqlen_ro = seqlen_cache if page is None else math.ceil(seqlen_cache / page) * page
+        angle = torch.rand(seqlen_ro, rotary_dim // 2, device=dev) * 2 * math.pi
         cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
 
     # Reference cache after the append (dense, indexed by cache entry).

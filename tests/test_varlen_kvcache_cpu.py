@@ -133,6 +133,10 @@ def test_varlen_validation_errors():
         flash_attn_varlen_func(q, k, k, torch.empty(1, dtype=torch.int32, device="meta"), cu, 10, 10)
     with pytest.raises(TypeError, match="max_seqlen_q must be a Python int"):
         flash_attn_varlen_func(q, k, k, cu, cu, 10.0, 10)
+    with pytest.raises(TypeError, match="max_seqlen_k must be a Python int"):
+        flash_attn_varlen_func(q, k, k, cu, cu, 10, True)
+    # int-like values (numpy / 0-d integer tensors) are accepted, as upstream's C++ int is
+    assert flash_attn_varlen_func(q, k, k, cu, cu, torch.tensor(10), 10).shape == q.shape
     with pytest.raises(ValueError, match="max_seqlen_k must be >= 0"):
         flash_attn_varlen_func(q, k, k, cu, cu, 10, -1)
     with pytest.raises(ValueError, match="must be a positive multiple"):
@@ -240,3 +244,132 @@ def test_varlen_torch_compile_meta_fullgraph():
 
     gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(q, k, k, _cu(2))
     assert any("flash_attn._flash_attn_varlen_forward" in str(n.target) for n in gm.graph.nodes)
+
+
+# ---------------------------------------------------------------------------------------
+# The Python half of flash_attn_with_kvcache (append, rotary, paging, padding) on CPU, with
+# the kernel replaced by a per-sequence reference.
+# ---------------------------------------------------------------------------------------
+
+
+class _CpuKVCacheExt:
+    def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, scale, causal,
+                    wl, wr, num_splits):
+        from test_varlen_kvcache import attn_ref_one
+
+        b, sq, h, d = q.shape
+        outs, lses = [], []
+        for i in range(b):
+            if block_table is not None:
+                kd = kc[block_table[i].long()].reshape(-1, *kc.shape[2:])
+                vd = vc[block_table[i].long()].reshape(-1, *vc.shape[2:])
+            else:
+                j = int(batch_idx[i]) if batch_idx is not None else i
+                kd, vd = kc[j], vc[j]
+            lo = int(leftpad[i]) if leftpad is not None else 0
+            hi = int(seqused[i]) if seqused is not None else kd.shape[0]
+            o, l = attn_ref_one(q[i], kd[lo:hi], vd[lo:hi], causal, (wl, wr), scale, True)
+            outs.append(o)
+            lses.append(l)
+        return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.fixture
+def cpu_kvcache(monkeypatch):
+    import flash_attn._varlen_kvcache as vk
+
+    monkeypatch.setattr(vk, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_kvcache", vk._kvcache_impl)
+    monkeypatch.setattr(vk, "_ext_for", lambda q: _CpuKVCacheExt())
+
+
+@pytest.mark.parametrize("kw", [
+    dict(sq=1), dict(sq=3, causal=True), dict(new_kv=False, sq=2),
+    dict(sq=2, rotary_fraction=0.5, causal=True), dict(sq=1, rotary_fraction=1.0, interleaved=True),
+    dict(sq=3, rotary_fraction=1.0), dict(sq=1, page=16), dict(sq=2, page=48, causal=True),
+    dict(sq=1, leftpad=True), dict(sq=2, leftpad=True, page=32, rotary_fraction=0.5, causal=True),
+    dict(sq=1, batch_idx=True), dict(sq=4, batch_idx=True, causal=True),
+    dict(sq=3, window=(40, 0)), dict(d=59, sq=1, h=4, hk=2, new_kv=False), dict(sq=2, seqlen_new=5),
+], ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def test_kvcache_python_path_on_cpu(cpu_kvcache, kw):
+    from test_varlen_kvcache import _run_kvcache
+
+    _run_kvcache(device="cpu", dtype=torch.bfloat16, d=kw.pop("d", 64),
+                 seqlen_cache=120, **kw)
+
+
+# ---------------------------------------------------------------------------------------
+# The varlen autograd plumbing (padding of odd head dims, packed gradients) on CPU, with the
+# kernels replaced by the per-sequence reference.
+# ---------------------------------------------------------------------------------------
+
+
+def _ref_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal,
+                    window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+                    return_softmax=False, block_table=None, leftpad_k=None, seqused_k=None,
+                    zero_tensors=False):
+    from test_varlen_kvcache import varlen_ref
+
+    out, lse = varlen_ref(q, k, v, cu_q, cu_k, causal, (window_size_left, window_size_right),
+                          scale, True)
+    return out, lse, torch.empty(0), torch.zeros(2, dtype=torch.int64)
+
+
+def _ref_varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, dropout_p,
+                    scale, causal, wl, wr, softcap, alibi, deterministic, rng_state=None,
+                    zero_tensors=False):
+    from test_varlen_kvcache import varlen_ref
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        o, _ = varlen_ref(*leaves, cu_q, cu_k, causal, (wl, wr), scale, True)
+        grads = torch.autograd.grad(o, leaves, dout)
+    for dst, g in zip((dq, dk, dv), grads):
+        dst.copy_(g)
+    return torch.empty(0)
+
+
+@pytest.fixture
+def cpu_varlen(monkeypatch):
+    import flash_attn._varlen_kvcache as vk
+
+    monkeypatch.setattr(vk, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+    monkeypatch.setattr(vk, "_SUPPORTED_DTYPES", (torch.float16, torch.bfloat16, torch.float32))
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_varlen_forward", _ref_varlen_fwd)
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_varlen_backward", _ref_varlen_bwd)
+
+
+@pytest.mark.parametrize("d", [64, 59])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_plumbing_on_cpu(cpu_varlen, d, causal):
+    from test_varlen_kvcache import cu_from, varlen_ref
+
+    lens = [5, 0, 9, 1]
+    cu = cu_from(lens, "cpu")
+    t = sum(lens) + 2
+    torch.manual_seed(0)
+    qkv = torch.randn(t, 3, 4, d, dtype=torch.float32, requires_grad=True)
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=causal,
+                                           window_size=(3, -1))
+    dout = torch.randn_like(out)
+    (g,) = torch.autograd.grad(out, qkv, dout)
+    ref, _ = varlen_ref(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, causal, (3, -1), d ** -0.5, True)
+    (g_ref,) = torch.autograd.grad(ref, qkv, dout)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(g, g_ref)
+
+    q = torch.randn(t, 4, d, requires_grad=True)
+    kv = torch.randn(t, 2, 2, d, requires_grad=True)
+    out = flash_attn_varlen_kvpacked_func(q, kv, cu, cu, max(lens), max(lens), causal=causal)
+    gq, gkv = torch.autograd.grad(out, (q, kv), dout)
+    ref, _ = varlen_ref(q, kv[:, 0], kv[:, 1], cu, cu, causal, (-1, -1), d ** -0.5, True)
+    rq, rkv = torch.autograd.grad(ref, (q, kv), dout)
+    torch.testing.assert_close(gq, rq)
+    torch.testing.assert_close(gkv, rkv)
+
+    k = torch.randn(t, 2, d, requires_grad=True)
+    out, lse, _ = flash_attn_varlen_func(q, k, k, cu, cu, max(lens), max(lens), causal=causal,
+                                         softmax_scale=0.3, return_attn_probs=True)
+    ref, lse_ref = varlen_ref(q, k, k, cu, cu, causal, (-1, -1), 0.3, True)
+    torch.testing.assert_close(out, ref)
+    assert lse.shape == (4, t)
