@@ -40,7 +40,7 @@ def check(b, sq, sk, h, h_k, d, causal, dtype, gen):
     v = torch.randn(b, sk, h_k, d, device="cuda", dtype=dtype, generator=gen, requires_grad=True)
     do = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=gen)
     scale = d ** -0.5
-    out, lse = C.fwd(q, k, v, None, scale, causal)
+    out, lse = C.fwd(q, k, v, None, scale, causal)[:2]
     dq, dk, dv, _ = C.bwd(do, q, k, v, out, lse, None, None, None, scale, causal, False)
     torch.cuda.synchronize()
 
@@ -72,7 +72,7 @@ def bench(seqlen, d, causal, dtype=torch.bfloat16):
     q, k, v, do = (torch.randn(b, seqlen, h, d, device="cuda", dtype=dtype) for _ in range(4))
     scale = d ** -0.5
     flops = 4 * b * h * seqlen * seqlen * d / (2 if causal else 1)
-    out, lse = C.fwd(q, k, v, None, scale, causal)
+    out, lse = C.fwd(q, k, v, None, scale, causal)[:2]
     t_fwd = do_bench(lambda: C.fwd(q, k, v, None, scale, causal), warmup=50, rep=200, return_mode="median")
     t_bwd = do_bench(lambda: C.bwd(do, q, k, v, out, lse, None, None, None, scale, causal, False), warmup=50,
                      rep=200, return_mode="median")
