@@ -49,7 +49,7 @@ def main():
                  "must say flash-attn >= 2.3.3), e.g. pip install --no-build-isolation .")
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
+    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024,
                          num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
                          max_position_embeddings=512, pad_token_id=0)
     base = LlamaForCausalLM(config).to(device="cuda", dtype=dtype).eval()
