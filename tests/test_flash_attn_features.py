@@ -345,10 +345,6 @@ def test_feature_errors_on_gpu():
         flash_attn_func(q, k, v, alibi_slopes=torch.ones(2))
     with pytest.raises(ValueError, match="return_softmax"):
         _op_forward(q, k, v, 0.0, return_softmax=True)
-    # The binding checks too (for callers of flash_attn._C).
-    ext = require_config(torch.float16, 64)
-    with pytest.raises(ValueError, match="dropout"):
-        ext.fwd(q, k, v, None, 0.125, False, -1, -1, 0.0, None, 1.0, False)
-    with pytest.raises(ValueError, match="alibi_slopes must have shape"):
-        ext.fwd(q, k, v, None, 0.125, False, -1, -1, 0.0,
-                torch.ones(3, device="cuda", dtype=torch.float32), 0.0, False)
+    # The binding's own checks are exercised in test_interface_cpu.py: on the H200's torch 2.11 a
+    # C++ exception leaving flash_attn._C can take the process down (docs/design.md), so the GPU
+    # suite only goes through the public API, which validates in Python first.

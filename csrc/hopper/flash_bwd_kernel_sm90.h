@@ -234,20 +234,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * kBlockM;
         const float *dsum_stage = smem_dsum + stage * kBlockM;
-        // Softcap: tanh(s * softcap_scale) is kept (in fp16, |t| <= 1) for its derivative.
-        Tensor tanh_s = make_tensor<cutlass::half_t>(conditional_return<kFeat>(acc_s.layout(), Layout<_1>{}));
+        auto alibi_bias = [&](int i) {
+            const int dist = row0 + get<1>(coords_st(i)) + diag - col0 - get<0>(coords_st(i));
+            return score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
+        };
         if constexpr (kFeat) {
-            if (score_mod.has_softcap()) {
-                score_mod.apply_softcap(acc_s);
-                Tensor t = convert_type<cutlass::half_t>(acc_s);
-                cute::copy(t, tanh_s);
-            }
+            if (score_mod.has_softcap()) { score_mod.apply_softcap(acc_s); }
             if (score_mod.alibi_slope != 0.f) {
                 CUTE_UNROLL
-                for (int i = 0; i < size(acc_s); ++i) {
-                    const int dist = row0 + get<1>(coords_st(i)) + diag - col0 - get<0>(coords_st(i));
-                    acc_s(i) += score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
-                }
+                for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias(i); }
             }
         }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
@@ -295,9 +290,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         }
         if constexpr (kFeat) {
             if (score_mod.has_softcap()) {
+                // dS *= d tanh(s * softcap_scale) / ds. tanh is recovered from P instead of being
+                // kept in registers: P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e), where
+                // it matters (P not tiny) the recovery is accurate, elsewhere dS ~ P is ~0 anyway.
+                const bool has_alibi = score_mod.alibi_slope != 0.f;
                 CUTE_UNROLL
                 for (int i = 0; i < size(acc_dp); ++i) {
-                    const float t = float(tanh_s(i));
+                    const float lse_log2 = lse_stage[get<1>(coords_st(i))] * kLog2e;
+                    const float p = acc_s(i);
+                    float t = p > 0.f ? (__log2f(p) + lse_log2) / params.scale_softmax_log2 : 1.f;
+                    if (has_alibi) { t -= alibi_bias(i); }
+                    t = fminf(fmaxf(t, -1.f), 1.f);
                     acc_dp(i) *= (1.f - t * t) * score_mod.softcap_scale;
                 }
             }

@@ -1,8 +1,6 @@
 // Launch of the sm_90a backward. Only meaningful in a build that targets sm_90a (FLASH_ATTN_SM90A).
 #pragma once
 
-#include <cstdlib>
-
 #include <cuda_runtime.h>
 
 #include "../flash.h"
@@ -39,14 +37,8 @@ void run_mha_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
     // 64 query rows per step for both head dims. d64 with 128 rows: 255 registers, 328 B of
     // spills, 284 vs 307 TFLOP/s (H200, bf16, seqlen 8k).
-    if constexpr (kHeadDim == 64) {
-        // Experiment switch (device A/B): FLASH_ATTN_SM90_BWD_BN=64 runs 64-key CTAs, 2 per SM.
-        const char *env = std::getenv("FLASH_ATTN_SM90_BWD_BN");
-        if (env != nullptr && std::atoi(env) == 64) {
-            launch_bwd_sm90<BwdKernelTraitsSm90<kHeadDim, 64, 64, Element, 2>, kFeat>(params, stream);
-            return;
-        }
-    }
+    // 128-key CTAs (2 warpgroups). d64 with 64-key CTAs (1 warpgroup, 2 CTAs/SM, twice the dQ
+    // atomics): 273 vs 307 TFLOP/s.
     launch_bwd_sm90<BwdKernelTraitsSm90<kHeadDim, 64, 128, Element>, kFeat>(params, stream);
 }
 
