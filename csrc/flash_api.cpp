@@ -135,10 +135,12 @@ void set_softcap(flash::FwdParams &p, double softmax_scale, double softcap) {
     p.scale_softmax_log2 = static_cast<float>(softcap * M_LOG2E);
 }
 
-void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q) {
+// b, h: the batch size and number of query heads (dense q (b, s, h, d); varlen: cu_seqlens
+// batch and q (total, h, d)).
+void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q, int64_t b,
+               int64_t h) {
     if (!alibi_slopes.has_value()) return;
     const at::Tensor &a = alibi_slopes.value();
-    const int64_t b = q.size(0), h = q.size(2);
     FLASH_CHECK(a.scalar_type() == at::kFloat, "flash_attn: alibi_slopes must have dtype float32, got ",
                 a.scalar_type());
     FLASH_CHECK(a.device() == q.device(), "flash_attn: alibi_slopes is on ", a.device(), " but q is on ", q.device());
@@ -165,6 +167,66 @@ void set_dropout_rates(flash::FwdParams &p, double p_dropout) {
 // Philox counters one dropout call uses per (row, head, batch) subsequence, in 32-bit values (the
 // unit of the generator's offset): 4 counters of 4 words per 128 keys (flash::dropout_counter).
 uint64_t philox_increment(int64_t seqlen_k) { return static_cast<uint64_t>((seqlen_k + 127) / 128) * 16; }
+
+// Forward with dropout: rates, this call's Philox (seed, offset) from the default CUDA generator
+// (graph-capture safe), where the kernel writes them back (rng_state), and S_dmask if requested.
+// seqlen_k: the longest key sequence (the mask's column range).
+void set_dropout_fwd(flash::FwdParams &p, double p_dropout, int64_t seqlen_k, const at::Tensor &q,
+                     const at::Tensor &rng_state, const at::Tensor &s_dmask, bool return_softmax) {
+    set_dropout_rates(p, p_dropout);
+    auto *gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+        std::nullopt, at::cuda::detail::getDefaultCUDAGenerator(q.get_device()));
+    at::PhiloxCudaState state;
+    {
+        std::lock_guard<std::mutex> lock(gen->mutex_);
+        state = gen->philox_cuda_state(philox_increment(seqlen_k));
+    }
+    p.philox.from_device = state.captured_;
+    if (state.captured_) {  // CUDA graph capture: the values live on the device
+        p.philox.seed_ptr = state.seed_.ptr;
+        p.philox.offset_ptr = state.offset_.ptr;
+        p.philox.offset_extra = state.offset_intragraph_;
+    } else {
+        p.philox.seed = state.seed_.val;
+        p.philox.offset = state.offset_.val;
+    }
+    p.rng_state_ptr = rng_state.data_ptr<int64_t>();
+    if (return_softmax) {
+        p.s_dmask_ptr = s_dmask.data_ptr();
+        p.s_dmask_batch_stride = s_dmask.stride(0);
+        p.s_dmask_head_stride = s_dmask.stride(1);
+        p.s_dmask_row_stride = s_dmask.stride(2);
+    }
+}
+
+void check_rng_state(double p_dropout, const std::optional<at::Tensor> &rng_state, const at::Tensor &q) {
+    if (p_dropout <= 0.0) return;
+    FLASH_CHECK(rng_state.has_value(), "flash_attn: the backward with dropout needs the forward's rng_state");
+    const at::Tensor &r = rng_state.value();
+    FLASH_CHECK(r.device() == q.device() && r.scalar_type() == at::kLong && r.numel() == 2 && r.is_contiguous(),
+                "flash_attn: rng_state must be a contiguous int64 tensor of 2 elements (seed, offset) on q's "
+                "device, got ", r.scalar_type(), " ", r.sizes(), " on ", r.device());
+}
+
+// Backward with dropout: the forward's (seed, offset), read on the device (graph-safe, no sync).
+void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<at::Tensor> &rng_state) {
+    if (p_dropout <= 0.0) return;
+    set_dropout_rates(p, p_dropout);
+    p.philox.from_device = true;
+    p.philox.seed_ptr = rng_state.value().data_ptr<int64_t>();
+    p.philox.offset_ptr = p.philox.seed_ptr + 1;
+}
+
+// Deterministic dQ: one zeroed int32 counter per (b, h, 64-row block of seqlen_q_rounded rows).
+// Returns the buffer (it must outlive the launch).
+at::Tensor set_deterministic(flash::BwdParams &p, bool deterministic, int64_t b, int64_t h, int seqlen_q_rounded,
+                             const at::Tensor &q) {
+    if (!deterministic) return at::Tensor();
+    at::Tensor sem = at::zeros({b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
+    p.deterministic = true;
+    p.dq_semaphore_ptr = sem.data_ptr<int>();
+    return sem;
+}
 
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
     FLASH_CHECK_RUNTIME(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
@@ -223,33 +285,8 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
     set_window(params, is_causal, window_left, window_right);
     set_softcap(params, softmax_scale, softcap);
-    set_alibi(params, alibi_slopes, q);
-    if (p_dropout > 0.0) {
-        set_dropout_rates(params, p_dropout);
-        auto *gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
-            std::nullopt, at::cuda::detail::getDefaultCUDAGenerator(q.get_device()));
-        at::PhiloxCudaState state;
-        {
-            std::lock_guard<std::mutex> lock(gen->mutex_);
-            state = gen->philox_cuda_state(philox_increment(sk));
-        }
-        params.philox.from_device = state.captured_;
-        if (state.captured_) {  // CUDA graph capture: the values live on the device
-            params.philox.seed_ptr = state.seed_.ptr;
-            params.philox.offset_ptr = state.offset_.ptr;
-            params.philox.offset_extra = state.offset_intragraph_;
-        } else {
-            params.philox.seed = state.seed_.val;
-            params.philox.offset = state.offset_.val;
-        }
-        params.rng_state_ptr = rng_state.data_ptr<int64_t>();
-        if (return_softmax) {
-            params.s_dmask_ptr = s_dmask.data_ptr();
-            params.s_dmask_batch_stride = s_dmask.stride(0);
-            params.s_dmask_head_stride = s_dmask.stride(1);
-            params.s_dmask_row_stride = s_dmask.stride(2);
-        }
-    }
+    set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+    if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -264,13 +301,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
                                 std::optional<at::Tensor> rng_state) {
     check_qkv_shapes(q, k, v);
     check_dropout(p_dropout, softcap);
-    if (p_dropout > 0.0) {
-        FLASH_CHECK(rng_state.has_value(), "flash_attn: the backward with dropout needs the forward's rng_state");
-        const at::Tensor &r = rng_state.value();
-        FLASH_CHECK(r.device() == q.device() && r.scalar_type() == at::kLong && r.numel() == 2 && r.is_contiguous(),
-                    "flash_attn: rng_state must be a contiguous int64 tensor of 2 elements (seed, offset) on q's "
-                    "device, got ", r.scalar_type(), " ", r.sizes(), " on ", r.device());
-    }
+    check_rng_state(p_dropout, rng_state, q);
     check_tensor(out, "out", q);
     check_tensor(dout, "dout", q);
     FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
@@ -301,20 +332,9 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
         set_window(params, is_causal, window_left, window_right);
         set_softcap(params, softmax_scale, softcap);
-        set_alibi(params, alibi_slopes, q);
-        if (p_dropout > 0.0) {
-            set_dropout_rates(params, p_dropout);
-            // The forward's (seed, offset), read on the device: graph-safe, no host sync.
-            params.philox.from_device = true;
-            params.philox.seed_ptr = rng_state.value().data_ptr<int64_t>();
-            params.philox.offset_ptr = params.philox.seed_ptr + 1;
-        }
-        at::Tensor dq_semaphore;
-        if (deterministic) {
-            dq_semaphore = at::zeros({b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
-            params.deterministic = true;
-            params.dq_semaphore_ptr = dq_semaphore.data_ptr<int>();
-        }
+        set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+        set_dropout_bwd(params, p_dropout, rng_state);
+        const at::Tensor dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
         params.do_head_stride = dout.stride(2);
@@ -434,9 +454,16 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                                        std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
                                        std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
                                        int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
-                                       int64_t window_left, int64_t window_right) {
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       bool return_softmax) {
     const bool paged = block_table_.has_value();
     check_varlen_qkv(q, k, v, paged);
+    check_dropout(p_dropout, softcap);
+    FLASH_CHECK(!return_softmax || p_dropout > 0.0,
+                "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
+    FLASH_CHECK(!paged || p_dropout == 0.0,
+                "flash_attn: dropout (dropout_p > 0) is not supported with block_table (paged KV)");
     FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
                 "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
     const int64_t b = cu_seqlens_q.size(0) - 1;
@@ -449,6 +476,13 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
+    at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
+    // Testing only: (b, h, round128(max_seqlen_q), round128(max_seqlen_k)); row i / column j of
+    // sequence b's own block; entries the kernel skips stay 0.
+    at::Tensor s_dmask = return_softmax
+        ? at::zeros({b, h, round_up(static_cast<int>(max_seqlen_q), 128), round_up(static_cast<int>(max_seqlen_k), 128)},
+                    q.options())
+        : at::empty({0}, q.options());
     if (zero_tensors) {
         out.zero_();
         lse.fill_(-std::numeric_limits<float>::infinity());
@@ -458,13 +492,16 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         out.zero_();
         lse.fill_(std::numeric_limits<float>::infinity());
         copy_back(out_, out);
-        return {out_.has_value() ? out_.value() : out, lse};
+        return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }
 
     flash::FwdParams params{};
     set_varlen_qkv(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
                    softmax_scale, is_causal);
     set_window(params, is_causal, window_left, window_right);
+    set_softcap(params, softmax_scale, softcap);
+    set_alibi(params, alibi_slopes, q, b, h);
+    if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
     at::Tensor seqused_k, leftpad_k, block_table;
     if (seqused_k_.has_value()) {
         seqused_k = checked_int_vector(seqused_k_.value(), "seqused_k", b, q);
@@ -499,7 +536,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     zero_tail(out, cu_seqlens_q, b, lse.data_ptr<float>(), lse.stride(0));
     check_built_and_launched(true, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
-    return {out_.has_value() ? out_.value() : out, lse};
+    return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
 }
 
 std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
@@ -507,9 +544,12 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
                                        std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
                                        at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
                                        int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
-                                       bool deterministic, int64_t window_left, int64_t window_right) {
-    FLASH_CHECK_RUNTIME(!deterministic, "flash_attn: deterministic=True is not implemented yet in this build");
+                                       bool deterministic, int64_t window_left, int64_t window_right,
+                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       std::optional<at::Tensor> rng_state) {
     check_varlen_qkv(q, k, v, false);
+    check_dropout(p_dropout, softcap);
+    check_rng_state(p_dropout, rng_state, q);
     check_varlen_tensor(out, "out", q, 3, "(total_q, nheads, headdim)");
     check_varlen_tensor(dout, "dout", q, 3, "(total_q, nheads, headdim)");
     FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
@@ -545,6 +585,12 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         set_varlen_qkv(params, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
                        softmax_scale, is_causal);
         set_window(params, is_causal, window_left, window_right);
+        set_softcap(params, softmax_scale, softcap);
+        set_alibi(params, alibi_slopes, q, b, h);
+        set_dropout_bwd(params, p_dropout, rng_state);
+        // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
+        const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
+        const at::Tensor dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
         params.dq_ptr = dq.data_ptr();
@@ -557,7 +603,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.dv_head_stride = dv_expanded.stride(1);
         params.dq_accum_ptr = dq_accum.data_ptr<float>();
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
-        params.seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
+        params.seqlen_q_rounded = seqlen_q_rounded;
         params.accum_rows = accum_rows;
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
@@ -614,7 +660,8 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
                                         std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
                                         std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
                                         double softmax_scale, bool is_causal, int64_t window_left,
-                                        int64_t window_right, int64_t num_splits) {
+                                        int64_t window_right, int64_t num_splits, double softcap,
+                                        std::optional<at::Tensor> alibi_slopes) {
     const bool paged = block_table_.has_value();
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
@@ -663,6 +710,8 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     set_qkv(params, q, k_cache, v_cache, out, lse, softmax_scale, is_causal);
     params.seqlen_k = static_cast<int>(seqlen_k);
     set_window(params, is_causal, window_left, window_right);
+    set_softcap(params, softmax_scale, softcap);
+    set_alibi(params, alibi_slopes, q, b, h);
     params.num_splits = 1;
     if (seqused_k_.has_value()) {
         seqused_k = checked_int_vector(seqused_k_.value(), "cache_seqlens", b, q);
@@ -738,16 +787,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("v"), py::arg("out"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("seqused_k"),
           py::arg("leftpad_k"), py::arg("block_table"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
           py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"), py::arg("window_size_left") = -1,
-          py::arg("window_size_right") = -1);
+          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false);
     m.def("varlen_bwd", &mha_varlen_bwd, "Attention backward, variable-length batch", py::arg("dout"), py::arg("q"),
           py::arg("k"), py::arg("v"), py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"),
           py::arg("dv"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
           py::arg("max_seqlen_k"), py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"),
-          py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1);
+          py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1,
+          py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0,
+          py::arg("rng_state") = py::none());
     m.def("fwd_kvcache", &mha_fwd_kvcache, "Attention over a (paged) KV cache, split-KV for decoding", py::arg("q"),
           py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
           py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
-          py::arg("window_size_right"), py::arg("num_splits"));
+          py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
+          py::arg("alibi_slopes") = py::none());
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
     m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
           "Allow (True, the default) or forbid the sm_90a wgmma kernels");

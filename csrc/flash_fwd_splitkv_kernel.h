@@ -13,6 +13,10 @@
 //
 // num_splits == 1 writes out / softmax_lse; otherwise fp32 partial outputs and LSEs per split
 // that flash_fwd_splitkv_combine_kernel merges.
+//
+// kMod: the variant with the score modifiers softcap and ALiBi (attn_mods.h's ScoreMod, applied
+// per packed row: the ALiBi slope is that of the row's query head, the distance that of its query
+// position). No dropout here (KV-cache attention has none; the binding rejects it).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -59,7 +63,7 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
 #endif
 }
 
-template <typename Traits>
+template <typename Traits, bool kMod = false>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
@@ -185,6 +189,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         row_q[mi] = p < packed_rows ? p / g : -1;
     }
     const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
+    // Score modifiers: softcap, and the ALiBi slope of each row's query head (-slope / scale_softmax,
+    // as ScoreMod: the bias is added before the scores are scaled).
+    [[maybe_unused]] float alibi_slope[kNRows];
+    if constexpr (kMod) {
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            const int p = p0 + get<0>(coords_s_rc(mi, 0));
+            const int head = bidh_k * g + p % g;
+            alibi_slope[mi] = params.alibi_slopes_ptr == nullptr || p >= packed_rows
+                                  ? 0.f
+                                  : -params.alibi_slopes_ptr[bidb * params.alibi_slopes_batch_stride + head] /
+                                        params.scale_softmax;
+        }
+    }
 
     OnlineSoftmax<kNRows> softmax;
     CUTE_UNROLL
@@ -227,6 +245,23 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
 
         const int col0 = tile * kBlockNw;
+        if constexpr (kMod) {
+            Tensor s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+            if (params.softcap_scale > 0.f) {
+                CUTE_UNROLL
+                for (int i = 0; i < size(acc_s); ++i) { acc_s(i) = tanhf(acc_s(i) * params.softcap_scale); }
+            }
+            if (params.alibi_slopes_ptr != nullptr) {
+                CUTE_UNROLL
+                for (int mi = 0; mi < kNRows; ++mi) {
+                    CUTE_UNROLL
+                    for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+                        const int dist = row_q[mi] + diag - col0 - get<1>(coords_s_rc(mi, ni));
+                        s_rc(mi, ni) += alibi_slope[mi] * float(dist < 0 ? -dist : dist);
+                    }
+                }
+            }
+        }
         if (col0 + kBlockNw > seqlen_k || needs_row_mask) {
             Tensor s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
             CUTE_UNROLL

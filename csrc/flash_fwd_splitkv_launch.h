@@ -13,7 +13,9 @@ template <typename Element, int kHeadDim>
 void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
     using Traits = SplitKVKernelTraits<kHeadDim, Element>;
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_splitkv_kernel<Traits>;
+    // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
+    const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+    auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }

@@ -56,29 +56,29 @@ PAGE_BLOCK_MULTIPLE = 16
 # ---------------------------------------------------------------------------------------
 
 
-def _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic=False, what="varlen"):
-    """Options the varlen / KV-cache kernels do not implement yet."""
-    if dropout_p != 0.0:
-        if not (0.0 <= dropout_p <= 1.0):
-            raise FlashAttnValueError(f"flash_attn: dropout_p must be in [0, 1], got {dropout_p}")
-        raise NotImplementedError(
-            f"flash_attn: dropout_p > 0 is not implemented yet for {what} attention in this build "
-            f"(got dropout_p={dropout_p}); use dropout_p=0.0"
+def _check_dropout_softcap(dropout_p, softcap):
+    """dropout_p range and softcap with dropout, with the dense path's errors (as upstream)."""
+    if not (0.0 <= dropout_p < 1.0):
+        raise FlashAttnValueError(
+            f"flash_attn: dropout_p must be in [0, 1), got dropout_p={dropout_p}"
         )
-    if softcap is not None and softcap > 0.0:
-        raise NotImplementedError(
-            f"flash_attn: softcap > 0 is not implemented yet for {what} attention in this build "
-            f"(got softcap={softcap}); use softcap=0.0"
+    if softcap > 0.0 and dropout_p > 0.0:
+        # Upstream: "Softcapping does not support dropout for now".
+        raise FlashAttnValueError(
+            f"flash_attn: softcap > 0 (softcap={softcap}) does not support dropout "
+            f"(dropout_p={dropout_p}); softcapping does not support dropout for now, as upstream"
         )
-    if alibi_slopes is not None:
+
+
+def _check_varlen_features(dropout_p, softcap, alibi_slopes, batch_size, nheads, device,
+                           paged=False):
+    """The feature arguments of the varlen functions, checked as the dense path checks them."""
+    _check_dropout_softcap(dropout_p, softcap)
+    _fi._check_alibi(alibi_slopes, batch_size, nheads, device)
+    if paged and dropout_p > 0.0:
         raise NotImplementedError(
-            f"flash_attn: alibi_slopes (ALiBi) is not implemented yet for {what} attention in this "
-            "build; use alibi_slopes=None"
-        )
-    if deterministic:
-        raise NotImplementedError(
-            f"flash_attn: deterministic=True is not implemented yet for {what} attention in this "
-            "build; use deterministic=False"
+            f"flash_attn: dropout (dropout_p={dropout_p}) is not implemented with block_table "
+            "(paged KV) in this build; use dropout_p=0.0"
         )
 
 
@@ -228,14 +228,15 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     if paged:
         _check_block_table(block_table, batch_size, k, q.device, kn)
     _check_window(window_size)
-    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic)
+    _check_varlen_features(dropout_p, softcap, alibi_slopes, batch_size, nheads, q.device, paged)
     return batch_size
 
 
-def _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q):
+def _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q, has_alibi=False):
     """(causal, left, right) as the kernels take them: a single query row sees everything a
-    bottom-right aligned causal mask would allow, so causal is dropped there (as upstream)."""
-    if max_seqlen_q == 1:
+    bottom-right aligned causal mask would allow, so causal is dropped there unless ALiBi is on
+    (as upstream)."""
+    if max_seqlen_q == 1 and not has_alibi:
         causal = False
     return causal, window_size_left, window_size_right
 
@@ -268,16 +269,19 @@ def _flash_attn_varlen_forward(
     seqused_k: Optional[torch.Tensor] = None,
     zero_tensors: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    _check_dropout_softcap(dropout_p, softcap)
     _fi._check_return_softmax(return_softmax, dropout_p)
+    _fi._check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
-    causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q)
-    out, softmax_lse = _ext_for(q).varlen_fwd(
+    causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
+                                    alibi_slopes is not None)
+    # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout. S_dmask
+    # (return_softmax): (batch, nheads, round128(max_seqlen_q), round128(max_seqlen_k)).
+    out, softmax_lse, S_dmask, rng_state = _ext_for(q).varlen_fwd(
         q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
-        max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr,
+        max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr, softcap,
+        alibi_slopes, dropout_p, return_softmax,
     )
-    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
-    rng_state = torch.zeros((2,), dtype=torch.int64, device=q.device)
     return out, softmax_lse, S_dmask, rng_state
 
 
@@ -303,12 +307,18 @@ def _flash_attn_varlen_forward_fake(
     seqused_k: Optional[torch.Tensor] = None,
     zero_tensors: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_unsupported(dropout_p, softcap, alibi_slopes)
+    _check_dropout_softcap(dropout_p, softcap)
     _fi._check_return_softmax(return_softmax, dropout_p)
+    batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     softmax_lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
-    S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    if return_softmax:
+        S_dmask = torch.empty((batch_size, num_heads, _fi.round_multiple(max_seqlen_q, 128),
+                               _fi.round_multiple(max_seqlen_k, 128)), dtype=q.dtype,
+                              device=q.device)
+    else:
+        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
     rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
     return out, softmax_lse, S_dmask, rng_state
 
@@ -340,12 +350,20 @@ def _flash_attn_varlen_backward(
     rng_state: Optional[torch.Tensor] = None,
     zero_tensors: bool = False,
 ) -> torch.Tensor:
-    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic)
+    _check_dropout_softcap(dropout_p, softcap)
+    _fi._check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+    if dropout_p > 0.0 and rng_state is None:
+        raise FlashAttnValueError(
+            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
+        )
+    # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
-    causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q)
+    causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
+                                    alibi_slopes is not None)
     _, _, _, softmax_d = _ext_for(q).varlen_bwd(
         dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, deterministic, wl, wr,
+        softcap, alibi_slopes, dropout_p, rng_state if dropout_p > 0.0 else None,
     )
     return softmax_d
 
@@ -376,7 +394,7 @@ def _flash_attn_varlen_backward_fake(
     rng_state: Optional[torch.Tensor] = None,
     zero_tensors: bool = False,
 ) -> torch.Tensor:
-    _check_unsupported(dropout_p, softcap, alibi_slopes, deterministic)
+    _check_dropout_softcap(dropout_p, softcap)
     batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
     return torch.empty((num_heads, total_q + 128 * batch_size), dtype=torch.float32,
@@ -578,8 +596,8 @@ def flash_attn_varlen_qkvpacked_func(
     headdim); cu_seqlens int32 (batch_size + 1,); max_seqlen the longest sequence (a Python int).
     Sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1]; causal masks and windows apply within
     each sequence. Returns out (total, nheads, headdim) [, softmax_lse (nheads, total), S_dmask].
-    Rows past cu_seqlens[-1] get zeros. dropout, softcap and ALiBi raise NotImplementedError in
-    this build."""
+    Rows past cu_seqlens[-1] get zeros. dropout_p, softcap, alibi_slopes, deterministic and
+    return_attn_probs as flash_attn_func / flash_attn_varlen_func."""
     return FlashAttnVarlenQKVPackedFunc.apply(
         qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
         alibi_slopes, deterministic, return_attn_probs, torch.is_grad_enabled(),
@@ -644,8 +662,13 @@ def flash_attn_varlen_func(
             i + seqlen_k - seqlen_q + right]; -1 is unbounded.
         block_table: (batch_size, max_num_blocks_per_seq) int32, the pages of each sequence's
             keys (forward only).
-        dropout_p, softcap, alibi_slopes, deterministic: not implemented for varlen in this
-            build (NotImplementedError unless left at their defaults).
+        dropout_p: float in [0, 1) (not with block_table); softcap: > 0 turns softcapping on
+            (not with dropout); alibi_slopes: (nheads,) or (batch_size, nheads) fp32, bias
+            -slope * |i + seqlen_k - seqlen_q - j| with each sequence's own lengths;
+            deterministic: deterministic backward. As flash_attn_func.
+        return_attn_probs: also return softmax_lse and S_dmask (testing only): with dropout,
+            (batch_size, nheads, round128(max_seqlen_q), round128(max_seqlen_k)) holding row i /
+            column j of sequence b's own block, dropped elements negated; else empty.
     Returns out (total_q, nheads, headdim) [, softmax_lse (nheads, total_q) fp32, S_dmask].
     Rows past cu_seqlens_q[-1] get zeros (and zero gradients); a query row that sees no key gets
     out = 0 and lse = +inf.
@@ -710,6 +733,8 @@ def _kvcache_impl(
     window_size_right: int,
     rotary_interleaved: bool,
     num_splits: int,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     b, seqlen_q = q.shape[0], q.shape[1]
     local = causal or window_size_left >= 0 or window_size_right >= 0
@@ -730,15 +755,16 @@ def _kvcache_impl(
                              device=q.device)
     if seqused is not None:
         seqused = seqused.to(torch.int32)
-    if seqlen_q == 1:
-        causal = False  # one query row sees every key a bottom-right causal mask allows
+    if seqlen_q == 1 and alibi_slopes is None:
+        causal = False  # one query row sees every key a bottom-right causal mask allows (upstream)
     head_size_og = q.shape[-1]
     kc, vc = k_cache, v_cache
     if head_size_og % 8 != 0:  # the kernel reads 16-byte chunks: attend on padded copies
         q, kc, vc = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, kc, vc)]
     out, softmax_lse = _ext_for(q).fwd_kvcache(
         maybe_contiguous(q), kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table,
-        softmax_scale, causal, window_size_left, window_size_right, num_splits,
+        softmax_scale, causal, window_size_left, window_size_right, num_splits, softcap,
+        alibi_slopes,
     )
     if out.shape[-1] != head_size_og:
         out = out[..., :head_size_og].contiguous()
@@ -765,11 +791,14 @@ def _flash_attn_kvcache(
     window_size_right: int,
     rotary_interleaved: bool,
     num_splits: int,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Append k/v into the cache (in place), rotate, attend: see flash_attn_with_kvcache."""
     return _kvcache_impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                          cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         window_size_left, window_size_right, rotary_interleaved, num_splits)
+                         window_size_left, window_size_right, rotary_interleaved, num_splits,
+                         softcap, alibi_slopes)
 
 
 @_torch_register_fake_wrapper("flash_attn::_flash_attn_kvcache")
@@ -791,6 +820,8 @@ def _flash_attn_kvcache_fake(
     window_size_right: int,
     rotary_interleaved: bool,
     num_splits: int,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     b, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -906,7 +937,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
     _check_window(window_size)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise FlashAttnValueError(f"flash_attn: num_splits must be an int >= 0, got {num_splits!r}")
-    _check_unsupported(0.0, softcap, alibi_slopes, what="KV-cache")
+    _fi._check_alibi(alibi_slopes, b, nheads, q.device)
 
 
 def flash_attn_with_kvcache(
@@ -956,7 +987,10 @@ def flash_attn_with_kvcache(
         num_splits: split the keys into this many chunks (more CTAs for long caches);
             0 = heuristic, 1 = no split.
         return_softmax_lse: also return the (batch_size, nheads, seqlen) fp32 logsumexp.
-        softcap, alibi_slopes: not implemented in this build (NotImplementedError).
+        softcap: > 0 turns softcapping on, as flash_attn_func.
+        alibi_slopes: (nheads,) or (batch_size, nheads) fp32: bias -slope * |i + seqlen_k -
+            seqlen_q - j| with seqlen_k the sequence's keys after the append (from its
+            cache_leftpad on).
     Return:
         out (batch_size, seqlen, nheads, headdim) [, softmax_lse].
     """
@@ -971,6 +1005,6 @@ def flash_attn_with_kvcache(
     out, softmax_lse = _wrapped_flash_attn_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
-        rotary_interleaved, num_splits,
+        rotary_interleaved, num_splits, float(softcap), alibi_slopes,
     )
     return (out, softmax_lse) if return_softmax_lse else out

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Fast GPU smoke check (< 1 min on an H200) of varlen forward/backward, the KV cache, paged KV
-and split-KV, against the per-sequence naive references of tests/test_varlen_kvcache.py.
+"""Fast GPU smoke check (< 1 min on an H200) of varlen forward/backward (with softcap, ALiBi,
+dropout and the deterministic backward), the KV cache (with softcap / ALiBi), paged KV and
+split-KV, against the per-sequence naive references of tests/test_varlen_kvcache.py.
 
     python scripts/check_varlen.py            # PASS/FAIL per case, exit status 1 on any FAIL
     python scripts/check_varlen.py --bench    # plus a quick decode-bandwidth and varlen/dense timing
@@ -134,6 +135,19 @@ def main():
     ok &= run("varlen all-empty + seqused_k/leftpad_k", T.test_varlen_all_empty_and_seqused_leftpad)
     for page in (16, 48, 256):
         ok &= run("varlen paged page=%d causal" % page, lambda page=page: T.test_varlen_paged(page, True))
+    # Features: softcap, ALiBi, dropout (mask from S_dmask), deterministic (reruns bitwise).
+    for i, (name, feat) in enumerate(T.FEATS):
+        lq, lk, h, hk, d, dtype = T.FEAT_SHAPES[i % len(T.FEAT_SHAPES)]
+        ok &= run("varlen %s d%d h%dx%d" % (name, d, h, hk),
+                  lambda a=(dtype, d, lq, lk, h, hk), feat=feat: T._run_varlen_feat(*a, **feat))
+    ok &= run("varlen qkvpacked dropout+deterministic", lambda: T.test_varlen_features_packed(
+        "qkvpacked", dict(dropout_p=0.2, deterministic=True, causal=True)))
+    ok &= run("varlen kvpacked alibi+softcap+local", lambda: T.test_varlen_features_packed(
+        "kvpacked", dict(alibi="bh", softcap=6.0, window=(30, 30))))
+    ok &= run("varlen dropout mask = Philox model (causal)",
+              lambda: T.test_varlen_dropout_mask_matches_philox_model(True))
+    ok &= run("varlen paged alibi+softcap+local (split-KV kMod)",
+              lambda: T.test_varlen_paged_features(dict(alibi="h", softcap=5.0, window=(100, 0))))
     for name, kw in KVCACHE:
         ok &= run("kvcache " + name, lambda kw=kw: T._run_kvcache(**kw))
     ok &= run("kvcache 1 token x 20k keys, splits 0/1/57", T.test_kvcache_many_splits_fill_gpu)

@@ -18,7 +18,7 @@ from flash_attn import (
 )
 from flash_attn.layers.rotary import apply_rotary_emb_torch
 
-from fa_test_utils import DTYPE_NAMES, max_err, require_config, require_gpu
+from fa_test_utils import DTYPE_NAMES, dropout_keep_ref, max_err, require_config, require_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -46,8 +46,13 @@ def visible_mask(sq, sk, causal, window, device):
     return vis
 
 
-def attn_ref_one(q, k, v, causal, window, scale, upcast):
-    """q (sq, h, d), k/v (sk, hk, d) -> out (sq, h, d) in q's dtype, lse (h, sq) fp32."""
+def attn_ref_one(q, k, v, causal, window, scale, upcast, softcap=0.0, alibi=None, dropout_p=0.0,
+                 dropout_mask=None):
+    """q (sq, h, d), k/v (sk, hk, d) -> out (sq, h, d) in q's dtype, lse (h, sq) fp32.
+
+    Features as fa_test_utils.attention_ref: softcap * tanh(score / softcap), the ALiBi bias
+    -alibi[h] * |i + sk - sq - j| (alibi: (h,) fp32 slopes of this sequence), and dropout with
+    dropout_mask (h, sq, sk) bool, True = kept (kept probabilities scaled by 1 / (1 - p))."""
     dtype = q.dtype
     if upcast:
         q, k, v = q.float(), k.float(), v.float()
@@ -57,23 +62,42 @@ def attn_ref_one(q, k, v, causal, window, scale, upcast):
         v = v.repeat_interleave(h // hk, dim=1)
     sq, sk = q.shape[0], k.shape[0]
     scores = torch.einsum("thd,shd->hts", q, k) * scale
+    if softcap > 0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi is not None:
+        row = torch.arange(sq, device=q.device).view(-1, 1)
+        col = torch.arange(sk, device=q.device).view(1, -1)
+        dist = (row + sk - sq - col).abs().float()
+        scores = scores + (-alibi.float().view(h, 1, 1) * dist).to(scores.dtype)
     vis = visible_mask(sq, sk, causal, window, q.device)
     row_ok = vis.any(-1)  # (sq,)
     scores = scores.masked_fill(~vis, float("-inf"))
     lse = torch.logsumexp(scores.float(), dim=-1).masked_fill(~row_ok, float("inf"))
     scores = torch.where(row_ok.view(1, -1, 1), scores, torch.zeros_like(scores))
     attn = torch.softmax(scores, dim=-1) * row_ok.view(1, -1, 1).to(scores.dtype)
+    if dropout_mask is not None:
+        attn = attn.masked_fill(~dropout_mask, 0.0) / (1.0 - dropout_p)
     out = torch.einsum("hts,shd->thd", attn.to(v.dtype), v)
     return out.to(dtype), lse
 
 
-def varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, upcast):
-    """Packed q (total_q, h, d), k/v (total_k, hk, d); rows past cu_q[-1] -> 0."""
+def _slopes_of(alibi_slopes, b, h):
+    """The (h,) slopes of sequence b from (h,) or (batch, h) alibi_slopes (None passes)."""
+    if alibi_slopes is None:
+        return None
+    return alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
+
+
+def varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, upcast, softcap=0.0,
+               alibi_slopes=None, dropout_p=0.0, dropout_masks=None):
+    """Packed q (total_q, h, d), k/v (total_k, hk, d); rows past cu_q[-1] -> 0.
+    dropout_masks: per sequence, (h, seqlen_q_b, seqlen_k_b) bool keep-masks."""
     outs, lses = [], []
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(cq) - 1):
         o, l = attn_ref_one(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], causal,
-                            window, scale, upcast)
+                            window, scale, upcast, softcap, _slopes_of(alibi_slopes, b, q.shape[1]),
+                            dropout_p, None if dropout_masks is None else dropout_masks[b])
         outs.append(o)
         lses.append(l)
     tail = q.shape[0] - cq[-1]
@@ -297,6 +321,218 @@ def test_varlen_torch_compile():
 
 
 # ---------------------------------------------------------------------------------------
+# Varlen features: softcap, ALiBi, dropout (keep-mask from S_dmask), deterministic backward
+# ---------------------------------------------------------------------------------------
+
+
+def _alibi_slopes(kind, b, h, device="cuda"):
+    if kind is None:
+        return None
+    shape = (h,) if kind == "h" else (b, h)
+    return (torch.rand(*shape, device=device, dtype=torch.float32) * 0.5).contiguous()
+
+
+def _mask_from_s_dmask(S_dmask, lq, lk):
+    """Per sequence (h, lq[b], lk[b]) keep-masks: kept iff the S_dmask entry is not negative
+    (sign bit, so -0.0 counts as dropped). Entries the kernel never visits (masked keys) read
+    as kept; the reference gives them probability 0 anyway."""
+    return [~torch.signbit(S_dmask[b, :, :lq[b], :lk[b]]) for b in range(len(lq))]
+
+
+def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), softcap=0.0,
+                     alibi=None, dropout_p=0.0, deterministic=False, variant="func", tail=3,
+                     reruns=5):
+    require_config(dtype, d)
+    if variant == "qkvpacked":
+        lk, hk = lq, h
+    b = len(lq)
+    cu_q, cu_k = cu_from(lq), cu_from(lk)
+    max_q, max_k = max(lq), max(lk)
+    q = torch.randn(sum(lq) + tail, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lk) + tail, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lk) + tail, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    slopes = _alibi_slopes(alibi, b, h)
+    kw = dict(dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap,
+              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
+    if variant == "func":
+        leaves = (q, k, v)
+        out, lse, S_dmask = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+    elif variant == "qkvpacked":
+        leaves = (torch.stack([q, k, v], 1).detach().requires_grad_(),)
+        out, lse, S_dmask = flash_attn_varlen_qkvpacked_func(leaves[0], cu_q, max_q, **kw)
+    else:
+        leaves = (q, torch.stack([k, v], 1).detach().requires_grad_())
+        out, lse, S_dmask = flash_attn_varlen_kvpacked_func(q, leaves[1], cu_q, cu_k, max_q,
+                                                            max_k, **kw)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout, retain_graph=deterministic)
+    if deterministic:
+        for _ in range(reruns):
+            again = torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            for a, r in zip(again, grads):
+                assert torch.equal(a, r), "gradients differ between deterministic runs"
+    if variant == "qkvpacked":
+        dq, dk, dv = grads[0].unbind(1)
+    elif variant == "kvpacked":
+        dq, (dk, dv) = grads[0], grads[1].unbind(1)
+    else:
+        dq, dk, dv = grads
+
+    feats = dict(softcap=softcap, alibi_slopes=slopes)
+    if dropout_p > 0:
+        r = lambda x: (x + 127) // 128 * 128  # noqa: E731
+        assert S_dmask.shape == (b, h, r(max_q), r(max_k)), S_dmask.shape
+        assert S_dmask.dtype == dtype
+        feats.update(dropout_p=dropout_p, dropout_masks=_mask_from_s_dmask(S_dmask, lq, lk))
+    else:
+        assert S_dmask.numel() == 0
+    scale = d ** -0.5
+    out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True, **feats)
+    g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
+    out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False, **feats)
+    g_lp = torch.autograd.grad(out_lp, (q, k, v), dout)
+    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
+    n = sum(lq)
+    assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
+    assert torch.isposinf(lse[:, n:]).all(), "lse rows past cu_seqlens_q[-1] must be +inf"
+    fin = torch.isfinite(lse_ref[:, :n])
+    assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
+    torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
+    for name, g, gr, gl in zip(("dq", "dk", "dv"), (dq, dk, dv), g_ref, g_lp):
+        assert_close(name, g, gr, gl, 3, GRAD_SLACK)
+    assert (dq[n:] == 0).all() and (dk[sum(lk):] == 0).all() and (dv[sum(lk):] == 0).all(), \
+        "gradient rows past cu_seqlens[-1] must be zero"
+
+
+# (lq, lk, h, hk, d, dtype): zero-length and length-1 sequences, odd lengths, odd head dim,
+# GQA / MQA, seqlen_q > seqlen_k in a sequence.
+FEAT_SHAPES = [
+    ([0, 1, 130, 77, 3], [5, 0, 130, 200, 1], 4, 4, 64, torch.bfloat16),
+    ([257, 113, 1], [257, 113, 1], 6, 2, 59, torch.float16),
+    ([64, 200, 0, 31], [300, 17, 9, 31], 4, 1, 128, torch.bfloat16),
+]
+FEATS = [
+    ("softcap", dict(softcap=5.0)),
+    ("softcap-causal-local", dict(softcap=30.0, causal=True, window=(40, -1))),
+    ("alibi-h", dict(alibi="h")),
+    ("alibi-bh-causal", dict(alibi="bh", causal=True)),
+    ("dropout", dict(dropout_p=0.17)),
+    ("dropout-causal-alibi", dict(dropout_p=0.3, causal=True, alibi="h")),
+    ("deterministic", dict(deterministic=True)),
+    ("det-causal-dropout-alibi", dict(deterministic=True, causal=True, dropout_p=0.1, alibi="bh")),
+    ("det-softcap-alibi-local", dict(softcap=8.0, alibi="bh", window=(50, 10), deterministic=True)),
+]
+
+
+def _feat_cases():
+    cases = []
+    for name, feat in FEATS:
+        for i, (lq, lk, h, hk, d, dtype) in enumerate(FEAT_SHAPES):
+            cases.append(pytest.param(lq, lk, h, hk, d, dtype, feat,
+                                      id=f"{name}-shape{i}-{DTYPE_NAMES[dtype]}-d{d}-h{h}x{hk}"))
+    return cases
+
+
+@pytest.mark.parametrize("lq, lk, h, hk, d, dtype, feat", _feat_cases())
+def test_varlen_features(lq, lk, h, hk, d, dtype, feat):
+    _run_varlen_feat(dtype, d, lq, lk, h, hk, **feat)
+
+
+@pytest.mark.parametrize("variant, feat", [
+    ("qkvpacked", dict(dropout_p=0.2, deterministic=True, causal=True)),
+    ("qkvpacked", dict(softcap=10.0, alibi="h")),
+    ("kvpacked", dict(alibi="bh", softcap=6.0, window=(30, 30))),
+    ("kvpacked", dict(dropout_p=0.25, alibi="h", deterministic=True)),
+])
+def test_varlen_features_packed(variant, feat):
+    _run_varlen_feat(torch.bfloat16, 64, [17, 0, 130, 1, 64], [40, 3, 100, 1, 64], 6, 2,
+                     variant=variant, **feat)
+
+
+def _feat_full_cases():
+    cases = []
+    lengths = [([0, 1, 130, 77, 3], [5, 0, 130, 200, 1]), ([257, 113, 1], [257, 113, 1]),
+               ([300, 31, 128], [129, 400, 128])]
+    for name, feat in FEATS:
+        for dtype in (torch.float16, torch.bfloat16):
+            for d in (32, 59, 96, 128, 192, 256):
+                for j, (lq, lk) in enumerate(lengths):
+                    for h, hk in LAYOUTS:
+                        cases.append(pytest.param(
+                            lq, lk, h, hk, d, dtype, feat,
+                            id=f"{name}-{DTYPE_NAMES[dtype]}-d{d}-len{j}-h{h}x{hk}"))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lq, lk, h, hk, d, dtype, feat", _feat_full_cases())
+def test_varlen_features_full(lq, lk, h, hk, d, dtype, feat):
+    _run_varlen_feat(dtype, d, lq, lk, h, hk, **feat)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_dropout_mask_matches_philox_model(causal):
+    """S_dmask's signs are the documented Philox mask of rng_state's (seed, offset), with each
+    sequence's own (row, column) and (batch, head) as the dense path's."""
+    require_config(torch.bfloat16, 64)
+    import flash_attn.flash_attn_interface as fi
+
+    lq, lk = [77, 0, 200, 5], [150, 7, 130, 5]
+    cu_q, cu_k = cu_from(lq), cu_from(lk)
+    h, p = 4, 0.3
+    q = torch.randn(sum(lq), h, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lk), 2, 64, device="cuda", dtype=torch.bfloat16)
+    _, _, S_dmask, rng_state = fi._wrapped_flash_attn_varlen_forward(
+        q, k, k, cu_q, cu_k, max(lq), max(lk), p, 0.125, causal, return_softmax=True)
+    seed, offset = rng_state.tolist()
+    assert (seed, offset) != (0, 0)
+    ref = dropout_keep_ref(seed, offset, len(lq), h, max(lq), max(lk), p).cuda()
+    for b, got in enumerate(_mask_from_s_dmask(S_dmask, lq, lk)):
+        vis = visible_mask(lq[b], lk[b], causal, (-1, -1), "cuda").expand_as(got)
+        want = ref[b, :, :lq[b], :lk[b]]
+        assert torch.equal(got[vis], want[vis]), f"dropout mask of sequence {b}"
+    # a new call draws a new offset; the same generator state gives the same result
+    _, _, _, rng2 = fi._wrapped_flash_attn_varlen_forward(
+        q, k, k, cu_q, cu_k, max(lq), max(lk), p, 0.125, causal, return_softmax=True)
+    assert rng2.tolist() != rng_state.tolist()
+    torch.manual_seed(7)
+    a = flash_attn_varlen_func(q, k, k, cu_q, cu_k, max(lq), max(lk), dropout_p=p)
+    torch.manual_seed(7)
+    b_ = flash_attn_varlen_func(q, k, k, cu_q, cu_k, max(lq), max(lk), dropout_p=p)
+    assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("feat", [dict(softcap=12.0), dict(alibi="bh", causal=True),
+                                  dict(alibi="h", softcap=5.0, window=(100, 0))],
+                         ids=["softcap", "alibi-bh-causal", "alibi-softcap-local"])
+def test_varlen_paged_features(feat):
+    """Paged varlen runs the split-KV kernel: its softcap / ALiBi (kMod) variant."""
+    require_config(torch.bfloat16, 128)
+    lq, lk = [1, 37, 0, 200], [300, 37, 5, 513]
+    cu_q, cu_k = cu_from(lq), cu_from(lk)
+    h, hk, d, page = 8, 2, 128, 48
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16)
+    nblk = math.ceil(max(lk) / page)
+    num_blocks = len(lk) * nblk + 3
+    k_pages = torch.randn(num_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    v_pages = torch.randn_like(k_pages)
+    block_table = torch.randperm(num_blocks, device="cuda")[: len(lk) * nblk].view(len(lk), nblk)
+    block_table = block_table.to(torch.int32)
+    slopes = _alibi_slopes(feat.get("alibi"), len(lq), h)
+    softcap, causal = feat.get("softcap", 0.0), feat.get("causal", False)
+    window = feat.get("window", (-1, -1))
+    out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                                 window_size=window, softcap=softcap, alibi_slopes=slopes,
+                                 block_table=block_table)
+    k_dense = torch.cat([k_pages[block_table[b].long()].reshape(-1, hk, d)[: lk[b]] for b in range(4)])
+    v_dense = torch.cat([v_pages[block_table[b].long()].reshape(-1, hk, d)[: lk[b]] for b in range(4)])
+    feats = dict(softcap=softcap, alibi_slopes=slopes)
+    ref, _ = varlen_ref(q, k_dense, v_dense, cu_q, cu_k, causal, window, d ** -0.5, True, **feats)
+    lp, _ = varlen_ref(q, k_dense, v_dense, cu_q, cu_k, causal, window, d ** -0.5, False, **feats)
+    assert_close("out", out, ref, lp, 2, OUT_SLACK)
+
+
+# ---------------------------------------------------------------------------------------
 # KV cache
 # ---------------------------------------------------------------------------------------
 
@@ -311,7 +547,7 @@ def _rotary_ref(x, cos, sin, pos, interleaved):
 def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, hk=2,
                  new_kv=True, seqlen_new=None, rotary_fraction=0.0, interleaved=False,
                  page=None, leftpad=False, batch_idx=False, num_splits=0, causal=False,
-                 window=(-1, -1), check_lse=True, device="cuda"):
+                 window=(-1, -1), check_lse=True, device="cuda", softcap=0.0, alibi=None):
     if device == "cuda":
         require_config(dtype, d)
     dev = device
@@ -320,6 +556,7 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
     k_dense = torch.randn(b_cache, seqlen_cache, hk, d, device=dev, dtype=dtype)
     v_dense = torch.randn_like(k_dense)
     q = torch.randn(b, sq, h, d, device=dev, dtype=dtype)
+    slopes = _alibi_slopes(alibi, b, h, dev)
     k_new = torch.randn(b, seqlen_new, hk, d, device=dev, dtype=dtype) if new_kv else None
     v_new = torch.randn_like(k_new) if new_kv else None
     lo = 0 if new_kv else 1
@@ -375,8 +612,9 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
     out, lse = flash_attn_with_kvcache(
         q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-        block_table=block_table, causal=causal, window_size=window,
-        rotary_interleaved=interleaved, num_splits=num_splits, return_softmax_lse=True)
+        block_table=block_table, causal=causal, window_size=window, softcap=softcap,
+        alibi_slopes=slopes, rotary_interleaved=interleaved, num_splits=num_splits,
+        return_softmax_lse=True)
 
     # The appended cache, exactly.
     if page is not None:
@@ -391,8 +629,9 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
         lo_k = int(cache_leftpad[i]) if leftpad else 0
         hi_k = int(cache_seqlens[i]) + seqlen_new
         kb, vb = k_ref_cache[bidx[i], lo_k:hi_k], v_ref_cache[bidx[i], lo_k:hi_k]
-        ref, lse_ref = attn_ref_one(q_ro[i], kb, vb, causal and sq > 1, window, scale, True)
-        lp, _ = attn_ref_one(q_ro[i], kb, vb, causal and sq > 1, window, scale, False)
+        feats = dict(softcap=softcap, alibi=_slopes_of(slopes, i, h))
+        ref, lse_ref = attn_ref_one(q_ro[i], kb, vb, causal and sq > 1, window, scale, True, **feats)
+        lp, _ = attn_ref_one(q_ro[i], kb, vb, causal and sq > 1, window, scale, False, **feats)
         assert_close(f"out[{i}]", out[i], ref, lp, 2, OUT_SLACK)
         if check_lse:
             fin = torch.isfinite(lse_ref)
@@ -427,6 +666,17 @@ KV_CASES = [
     ("fp16-d64", dict(dtype=torch.float16, d=64, sq=1)),
     ("d59-padded", dict(d=59, sq=1, h=4, hk=2, new_kv=False)),
     ("d256", dict(d=256, sq=2, causal=True)),
+    # softcap / ALiBi: the split-KV kernel's kMod variant (GQA-packed rows: per-head slopes) and
+    # the prefill feature kernels.
+    ("decode-gqa-softcap", dict(sq=1, h=32, hk=8, softcap=10.0)),
+    ("decode-gqa-alibi-bh-split3", dict(sq=1, h=32, hk=8, alibi="bh", num_splits=3)),
+    ("decode-alibi-h-paged16", dict(sq=1, page=16, alibi="h")),
+    ("append-sq4-causal-alibi-softcap", dict(sq=4, causal=True, alibi="bh", softcap=20.0)),
+    ("leftpad-alibi-causal", dict(sq=2, leftpad=True, alibi="h", causal=True)),
+    ("local-split-alibi", dict(sq=1, window=(64, -1), num_splits=4, alibi="h")),
+    ("prefill-kernel-alibi-softcap", dict(sq=100, causal=True, h=4, hk=4, alibi="bh", softcap=15.0)),
+    ("prefill-leftpad-idx-alibi", dict(sq=80, causal=True, leftpad=True, batch_idx=True, alibi="h")),
+    ("d59-softcap-alibi", dict(d=59, sq=3, h=4, hk=2, softcap=7.0, alibi="bh", causal=True)),
 ]
 
 
@@ -444,13 +694,17 @@ def _kv_full_cases():
                     for h, hk in ((8, 8), (8, 2), (8, 1)):
                         for causal in (False, True):
                             for splits in (1, 0, 3):
+                                i = len(cases)
+                                # every third case with softcap / ALiBi
+                                mod = [{}, dict(softcap=10.0), dict(alibi="bh")][i % 3]
                                 cases.append(pytest.param(
                                     dict(dtype=dtype, d=d, sq=sq, new_kv=new, page=page, h=h,
                                          hk=hk, causal=causal, num_splits=splits,
                                          rotary_fraction=0.5 if new else 0.0,
-                                         leftpad=page is None and sq == 4),
+                                         leftpad=page is None and sq == 4, **mod),
                                     id=f"{DTYPE_NAMES[dtype]}-d{d}-sq{sq}-new{int(new)}-p{page}-"
-                                       f"h{h}x{hk}-c{int(causal)}-s{splits}"))
+                                       f"h{h}x{hk}-c{int(causal)}-s{splits}"
+                                       + "".join(f"-{k}{v}" for k, v in mod.items())))
     return cases
 
 

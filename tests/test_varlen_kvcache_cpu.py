@@ -171,22 +171,99 @@ def test_varlen_paged_validation():
                                block_table=torch.empty(2, 4, dtype=torch.int32, device="meta"))
 
 
-@pytest.mark.parametrize("kw, msg", [
-    (dict(dropout_p=0.1), "dropout_p > 0"),
-    (dict(softcap=1.0), "softcap"),
-    (dict(alibi_slopes=torch.empty(6, dtype=torch.float32, device="meta")), "alibi"),
-    (dict(deterministic=True), "deterministic"),
+@pytest.mark.parametrize("kw", [
+    dict(dropout_p=0.1),
+    dict(softcap=1.0),
+    dict(alibi_slopes=torch.empty(6, dtype=torch.float32, device="meta")),
+    dict(alibi_slopes=torch.empty(3, 6, dtype=torch.float32, device="meta"), causal=True),
+    dict(deterministic=True),
+    dict(dropout_p=0.2, alibi_slopes=torch.empty(6, dtype=torch.float32, device="meta"),
+         window_size=(5, 2), deterministic=True),
+], ids=["dropout", "softcap", "alibi-h", "alibi-bh", "deterministic", "all"])
+def test_varlen_features_accepted(kw):
+    """The feature arguments go through (on meta tensors: the fake implementations)."""
+    q, k = _m(30, 6, 64), _m(40, 2, 64)
+    out = flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), 10, 10, **kw)
+    assert out.shape == q.shape
+    qkv = _m(30, 3, 6, 64)
+    assert flash_attn_varlen_qkvpacked_func(qkv, _cu(3), 10, **kw).shape == q.shape
+    kv = _m(40, 2, 6, 64)
+    assert flash_attn_varlen_kvpacked_func(q, kv, _cu(3), _cu(3), 10, 10, **kw).shape == q.shape
+
+
+@pytest.mark.parametrize("sq, sk", [(10, 10), (129, 300), (0, 5)])
+def test_varlen_meta_dropout_returns_s_dmask(sq, sk):
+    q, k = _m(30, 6, 64), _m(40, 2, 64)
+    out, lse, s_dmask = flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), sq, sk, dropout_p=0.2,
+                                               return_attn_probs=True)
+    r = lambda x: (x + 127) // 128 * 128  # noqa: E731
+    assert s_dmask.shape == (3, 6, r(sq), r(sk)) and s_dmask.dtype == q.dtype
+    assert lse.shape == (6, 30)
+    # without dropout: empty, as the dense path
+    _, _, s_dmask = flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), sq, sk, return_attn_probs=True)
+    assert s_dmask.numel() == 0
+    # the op itself (upstream 2.8's private signature): (out, lse, S_dmask, rng_state)
+    res = torch.ops.flash_attn._flash_attn_varlen_forward(
+        q, k, k, _cu(3), _cu(3), sq, sk, 0.1, 0.125, False, -1, -1, 0.0, None, True)
+    assert len(res) == 4 and res[2].shape == (3, 6, r(sq), r(sk))
+    assert res[3].shape == (2,) and res[3].dtype == torch.int64
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\)"),
+    (dict(dropout_p=-0.1), ValueError, r"dropout_p must be in \[0, 1\)"),
+    (dict(dropout_p=1.5), ValueError, r"dropout_p must be in \[0, 1\)"),
+    (dict(softcap=30.0, dropout_p=0.1), ValueError, r"softcap.*does not support dropout"),
+    (dict(alibi_slopes=torch.empty(6, dtype=torch.float16, device="meta")), TypeError,
+     "alibi_slopes must have dtype torch.float32"),
+    (dict(alibi_slopes=torch.empty(5, dtype=torch.float32, device="meta")), ValueError,
+     r"alibi_slopes must have shape \(nheads,\)"),
+    (dict(alibi_slopes=torch.empty(2, 6, dtype=torch.float32, device="meta")), ValueError,
+     r"alibi_slopes must have shape"),
+    (dict(alibi_slopes=torch.empty(6, dtype=torch.float32, device="cpu")), ValueError,
+     "alibi_slopes is on device cpu"),
+    (dict(return_attn_probs=True, dropout_p=0.0), None, None),
 ])
-def test_varlen_not_implemented(kw, msg):
+def test_varlen_feature_errors(kw, err, msg):
+    """The dense path's errors (upstream's), for every varlen entry point."""
     q, k = _m(30, 6, 64), _m(40, 2, 64)
-    with pytest.raises(NotImplementedError, match=msg):
-        flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), 10, 10, **kw)
+    qkv, kv = _m(30, 3, 6, 64), _m(40, 2, 2, 64)
+    calls = [
+        lambda: flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), 10, 10, **kw),
+        lambda: flash_attn_varlen_qkvpacked_func(qkv, _cu(3), 10, **kw),
+        lambda: flash_attn_varlen_kvpacked_func(q, kv, _cu(3), _cu(3), 10, 10, **kw),
+    ]
+    for call in calls:
+        if err is None:
+            call()  # return_attn_probs without dropout: lse and an empty S_dmask
+        else:
+            with pytest.raises(err, match=msg):
+                call()
 
 
-def test_varlen_dropout_out_of_range():
+def test_varlen_op_feature_errors():
     q, k = _m(30, 6, 64), _m(40, 2, 64)
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\]"):
-        flash_attn_varlen_func(q, k, k, _cu(3), _cu(3), 10, 10, dropout_p=1.5)
+    fwd = torch.ops.flash_attn._flash_attn_varlen_forward
+    with pytest.raises(ValueError, match="return_softmax=True is only supported when dropout_p > 0"):
+        fwd(q, k, k, _cu(3), _cu(3), 10, 10, 0.0, 0.125, False, return_softmax=True)
+    with pytest.raises(ValueError, match="does not support dropout"):
+        fwd(q, k, k, _cu(3), _cu(3), 10, 10, 0.1, 0.125, False, softcap=5.0)
+    bwd = torch.ops.flash_attn._flash_attn_varlen_backward
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        bwd(q, q, k, k, q, _m(6, 30, dtype=torch.float32), None, None, None, _cu(3), _cu(3),
+            10, 10, 1.0, 0.125, False, -1, -1, 0.0, None, False)
+
+
+def test_varlen_paged_dropout_not_implemented():
+    q = _m(30, 8, 128)
+    kp = _m(10, 48, 2, 128)
+    bt = torch.empty(3, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(NotImplementedError, match="block_table"):
+        flash_attn_varlen_func(q, kp, kp, _cu(3), _cu(3), 17, 190, block_table=bt, dropout_p=0.1)
+    # softcap / ALiBi go to the split-KV kernel's score modifiers
+    out = flash_attn_varlen_func(q, kp, kp, _cu(3), _cu(3), 17, 190, block_table=bt, softcap=5.0,
+                                 alibi_slopes=torch.empty(8, dtype=torch.float32, device="meta"))
+    assert out.shape == q.shape
 
 
 def test_kvcache_validation_errors():
@@ -219,10 +296,15 @@ def test_kvcache_validation_errors():
         flash_attn_with_kvcache(q, kc, kc, kn, kn, rotary_cos=cos, rotary_sin=cos)
     with pytest.raises(ValueError, match="num_splits"):
         flash_attn_with_kvcache(q, kc, kc, num_splits=-1)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        flash_attn_with_kvcache(q, kc, kc, softcap=5.0)
-    with pytest.raises(NotImplementedError, match="alibi"):
-        flash_attn_with_kvcache(q, kc, kc, alibi_slopes=torch.empty(8, device="meta"))
+    with pytest.raises(TypeError, match="alibi_slopes must have dtype torch.float32"):
+        flash_attn_with_kvcache(q, kc, kc, alibi_slopes=torch.empty(8, dtype=torch.float16,
+                                                                    device="meta"))
+    with pytest.raises(ValueError, match="alibi_slopes must have shape"):
+        flash_attn_with_kvcache(q, kc, kc, alibi_slopes=torch.empty(2, 4, device="meta"))
+    # softcap and ALiBi are supported
+    assert flash_attn_with_kvcache(q, kc, kc, softcap=5.0).shape == q.shape
+    assert flash_attn_with_kvcache(q, kc, kc, alibi_slopes=torch.empty(2, 8, device="meta")).shape \
+        == q.shape
     bt = torch.empty(2, 4, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="multiple of 16"):
         flash_attn_with_kvcache(q, _m(10, 24, 2, 128), _m(10, 24, 2, 128), block_table=bt)
@@ -254,8 +336,8 @@ def test_varlen_torch_compile_meta_fullgraph():
 
 class _CpuKVCacheExt:
     def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, scale, causal,
-                    wl, wr, num_splits):
-        from test_varlen_kvcache import attn_ref_one
+                    wl, wr, num_splits, softcap=0.0, alibi_slopes=None):
+        from test_varlen_kvcache import _slopes_of, attn_ref_one
 
         b, sq, h, d = q.shape
         outs, lses = [], []
@@ -268,7 +350,8 @@ class _CpuKVCacheExt:
                 kd, vd = kc[j], vc[j]
             lo = int(leftpad[i]) if leftpad is not None else 0
             hi = int(seqused[i]) if seqused is not None else kd.shape[0]
-            o, l = attn_ref_one(q[i], kd[lo:hi], vd[lo:hi], causal, (wl, wr), scale, True)
+            o, l = attn_ref_one(q[i], kd[lo:hi], vd[lo:hi], causal, (wl, wr), scale, True,
+                                softcap, _slopes_of(alibi_slopes, i, h))
             outs.append(o)
             lses.append(l)
         return torch.stack(outs), torch.stack(lses)
@@ -290,6 +373,8 @@ def cpu_kvcache(monkeypatch):
     dict(sq=1, leftpad=True), dict(sq=2, leftpad=True, page=32, rotary_fraction=0.5, causal=True),
     dict(sq=1, batch_idx=True), dict(sq=4, batch_idx=True, causal=True),
     dict(sq=3, window=(40, 0)), dict(d=59, sq=1, h=4, hk=2, new_kv=False), dict(sq=2, seqlen_new=5),
+    dict(sq=1, softcap=10.0), dict(sq=3, alibi="bh", causal=True, page=16),
+    dict(sq=2, alibi="h", softcap=5.0, leftpad=True),
 ], ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
 def test_kvcache_python_path_on_cpu(cpu_kvcache, kw):
     from test_varlen_kvcache import _run_kvcache
@@ -310,8 +395,9 @@ def _ref_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, scale, causal,
                     zero_tensors=False):
     from test_varlen_kvcache import varlen_ref
 
+    assert dropout_p == 0.0, "the CPU reference has no dropout"
     out, lse = varlen_ref(q, k, v, cu_q, cu_k, causal, (window_size_left, window_size_right),
-                          scale, True)
+                          scale, True, softcap, alibi_slopes)
     return out, lse, torch.empty(0), torch.zeros(2, dtype=torch.int64)
 
 
@@ -322,7 +408,7 @@ def _ref_varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_
 
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     with torch.enable_grad():
-        o, _ = varlen_ref(*leaves, cu_q, cu_k, causal, (wl, wr), scale, True)
+        o, _ = varlen_ref(*leaves, cu_q, cu_k, causal, (wl, wr), scale, True, softcap, alibi)
         grads = torch.autograd.grad(o, leaves, dout)
     for dst, g in zip((dq, dk, dv), grads):
         dst.copy_(g)
@@ -373,3 +459,37 @@ def test_varlen_plumbing_on_cpu(cpu_varlen, d, causal):
     ref, lse_ref = varlen_ref(q, k, k, cu, cu, causal, (-1, -1), 0.3, True)
     torch.testing.assert_close(out, ref)
     assert lse.shape == (4, t)
+
+
+def test_varlen_feature_plumbing_on_cpu(cpu_varlen):
+    """softcap and alibi_slopes reach the forward and the backward op (packed and unpacked)."""
+    from test_varlen_kvcache import cu_from, varlen_ref
+
+    lens = [5, 0, 9, 1]
+    cu = cu_from(lens, "cpu")
+    t = sum(lens) + 2
+    torch.manual_seed(0)
+    slopes = torch.rand(4, 4) * 0.5
+    feats = dict(softcap=3.0, alibi_slopes=slopes)
+    qkv = torch.randn(t, 3, 4, 64, dtype=torch.float32, requires_grad=True)
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=True, **feats)
+    dout = torch.randn_like(out)
+    (g,) = torch.autograd.grad(out, qkv, dout)
+    ref, _ = varlen_ref(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu, cu, True, (-1, -1), 64 ** -0.5, True,
+                        **feats)
+    (g_ref,) = torch.autograd.grad(ref, qkv, dout)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(g, g_ref)
+    plain = flash_attn_varlen_qkvpacked_func(qkv, cu, max(lens), causal=True)
+    assert not torch.allclose(plain, out)
+
+    q = torch.randn(t, 4, 64, requires_grad=True)
+    kv = torch.randn(t, 2, 2, 64, requires_grad=True)
+    out = flash_attn_varlen_kvpacked_func(q, kv, cu, cu, max(lens), max(lens),
+                                          alibi_slopes=slopes[0], deterministic=True)
+    gq, gkv = torch.autograd.grad(out, (q, kv), dout)
+    ref, _ = varlen_ref(q, kv[:, 0], kv[:, 1], cu, cu, False, (-1, -1), 64 ** -0.5, True,
+                        alibi_slopes=slopes[0])
+    rq, rkv = torch.autograd.grad(ref, (q, kv), dout)
+    torch.testing.assert_close(gq, rq)
+    torch.testing.assert_close(gkv, rkv)
