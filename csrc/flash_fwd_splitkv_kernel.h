@@ -139,6 +139,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                                  : params.block_table + index_t(bidb) * params.block_table_batch_stride;
     const index_t k_dense = binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) + bidh_k * params.k_head_stride;
     const index_t v_dense = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
+    // Paged: when the left padding is a multiple of 16, every 16 keys of a tile sit in one page
+    // (page sizes are multiples of 16), so a tile needs kPageChunks block-table entries. They are
+    // fetched one tile ahead (fetch_pages after each load_tile), so the dependent block-table load
+    // does not stall the cp.async issue of the next tile. Otherwise rows look their page up one by one.
+    constexpr int kPageChunks = kBlockNw / 16;
+    const bool paged_chunks = block_table != nullptr && binfo.leftpad_k % 16 == 0;
+    int next_pages[kPageChunks];
+    auto fetch_pages = [&](int tile) {
+        CUTE_UNROLL
+        for (int c = 0; c < kPageChunks; ++c) {
+            const int key = tile * kBlockNw + 16 * c;
+            next_pages[c] = key < seqlen_k ? block_table[(binfo.leftpad_k + key) / params.page_block_size] : 0;
+        }
+    };
     auto load_tile = [&](int tile, int stage) {
         Tensor sK = sK_at(stage);
         Tensor sV = sV_at(stage);
@@ -151,7 +165,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
             index_t k_off, v_off;
             if (block_table != nullptr) {
                 const int row = binfo.leftpad_k + key;
-                const index_t page = ok ? block_table[row / params.page_block_size] : 0;
+                const index_t page = !ok ? 0 : paged_chunks ? next_pages[r / 16] : block_table[row / params.page_block_size];
                 const index_t in_page = row % params.page_block_size;
                 k_off = page * params.k_batch_stride + in_page * params.k_row_stride + bidh_k * params.k_head_stride;
                 v_off = page * params.v_batch_stride + in_page * params.v_row_stride + bidh_k * params.v_head_stride;
@@ -162,11 +176,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
             cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
             cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
         }
+        if (paged_chunks) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
     };
 
     // This warp's tiles: s_begin + warp, + kNWarps, ...
     const int my_first = s_begin + warp;
     const int my_count = my_first < s_end ? ceil_div(s_end - my_first, kNWarps) : 0;
+    if (paged_chunks && my_count > 0) { fetch_pages(my_first); }
     CUTE_UNROLL
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < my_count) load_tile(my_first + s * kNWarps, s);
