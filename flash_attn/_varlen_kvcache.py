@@ -835,6 +835,11 @@ else:
     _wrapped_flash_attn_kvcache = _flash_attn_kvcache
 
 
+def _is_compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                           cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
                           alibi_slopes, num_splits):
@@ -1002,7 +1007,12 @@ def flash_attn_with_kvcache(
     if cache_seqlens is not None and isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
                                    device=q.device)
-    out, softmax_lse = _wrapped_flash_attn_kvcache(
+    # Eager calls go straight to the implementation: decode steps are tens of microseconds, and
+    # the custom-op dispatch alone costs about as much. Under torch.compile the registered op is
+    # traced instead (it declares the in-place cache update), and meta tensors get its fake.
+    direct = q.device.type == "cuda" and not _is_compiling()
+    kvcache_fn = _kvcache_impl if direct else _wrapped_flash_attn_kvcache
+    out, softmax_lse = kvcache_fn(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
         rotary_interleaved, num_splits, float(softcap), alibi_slopes,
