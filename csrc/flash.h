@@ -128,7 +128,12 @@ struct BwdParams : FwdParams {
     // Deterministic dQ: the key-block CTAs that see a query block add their dQ in a fixed order
     // (descending key block), serialised by one zeroed int32 counter per (b, h, 64-row block).
     bool deterministic;
-    int *__restrict__ dq_semaphore_ptr;  // (b, h, seqlen_q_rounded / 64)
+    int *__restrict__ dq_semaphore_ptr;  // (b, h, seqlen_q_rounded / 64); SM80-class kernels
+    // The sm_90a backward makes dQ deterministic differently: dq_accum holds dq_accum_splits
+    // slices dq_accum_split_stride elements apart, slice s written only by CTA s of each (b, h)
+    // (key blocks s, s + splits, ...); the conversion sums them in order. 1 slice otherwise.
+    int dq_accum_splits;
+    index_t dq_accum_split_stride;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
     // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each

@@ -228,6 +228,29 @@ at::Tensor set_deterministic(flash::BwdParams &p, bool deterministic, int64_t b,
     return sem;
 }
 
+int num_sms(int device);
+
+// Deterministic backward on the sm_90a kernel: per-CTA dq_accum slices instead of counters. The
+// CTAs per (b, h), at most 8, are chosen to fill whole waves: cost = waves x key blocks per CTA.
+// 0 when the sm_90a backward does not serve this call (the SM80-class kernel uses counters).
+int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
+#ifdef FLASH_ATTN_SM90A
+    if (!(p.use_sm90 && (p.head_dim_tile == 64 || p.head_dim_tile == 128))) return 0;
+    const int64_t n_blocks = (max_seqlen_k + 127) / 128;
+    const int64_t sms = num_sms(device);
+    int best = 1;
+    int64_t best_cost = INT64_MAX;
+    for (int64_t s = 1; s <= std::min<int64_t>(8, n_blocks); ++s) {
+        const int64_t cost = ((bh * s + sms - 1) / sms) * ((n_blocks + s - 1) / s);
+        if (cost < best_cost) best_cost = cost, best = static_cast<int>(s);
+    }
+    return best;
+#else
+    (void)p, (void)bh, (void)max_seqlen_k, (void)device;
+    return 0;
+#endif
+}
+
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
     FLASH_CHECK_RUNTIME(found, "flash_attn: this build has no kernels for dtype ", dtype_name(is_bf16), " with head dim ", d,
                 " (tile ", tile, "). Rebuild with FLASH_ATTN_HEAD_DIMS including ", tile,
@@ -326,7 +349,6 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({b, sk, h, d}, q.options());
         at::Tensor dv_expanded = h_k == h ? dv : at::empty({b, sk, h, d}, q.options());
         const int tile = flash::head_dim_tile(static_cast<int>(d));
-        at::Tensor dq_accum = at::zeros({b, h, seqlen_q_rounded, tile}, q.options().dtype(at::kFloat));
 
         flash::BwdParams params{};
         set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
@@ -334,7 +356,17 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         set_softcap(params, softmax_scale, softcap);
         set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
         set_dropout_bwd(params, p_dropout, rng_state);
-        const at::Tensor dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
+        const int det_splits = deterministic ? sm90_deterministic_splits(params, b * h, sk, q.get_device()) : 0;
+        at::Tensor dq_accum =
+            at::zeros({std::max(det_splits, 1), b, h, seqlen_q_rounded, tile}, q.options().dtype(at::kFloat));
+        at::Tensor dq_semaphore;
+        if (det_splits > 0) {
+            params.deterministic = true;
+            params.dq_accum_splits = det_splits;
+            params.dq_accum_split_stride = dq_accum.stride(0);
+        } else {
+            dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
+        }
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
         params.do_head_stride = dout.stride(2);
@@ -579,7 +611,6 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({total_k, h, d}, q.options());
         at::Tensor dv_expanded = h_k == h ? dv : at::empty({total_k, h, d}, q.options());
         const int tile = flash::head_dim_tile(static_cast<int>(d));
-        at::Tensor dq_accum = at::zeros({h, accum_rows, tile}, q.options().dtype(at::kFloat));
 
         flash::BwdParams params{};
         set_varlen_qkv(params, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
@@ -590,7 +621,17 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         set_dropout_bwd(params, p_dropout, rng_state);
         // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
         const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
-        const at::Tensor dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
+        const int det_splits =
+            deterministic ? sm90_deterministic_splits(params, b * h, max_seqlen_k, q.get_device()) : 0;
+        at::Tensor dq_accum = at::zeros({std::max(det_splits, 1), h, accum_rows, tile}, q.options().dtype(at::kFloat));
+        at::Tensor dq_semaphore;
+        if (det_splits > 0) {
+            params.deterministic = true;
+            params.dq_accum_splits = det_splits;
+            params.dq_accum_split_stride = dq_accum.stride(0);
+        } else {
+            dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
+        }
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
         params.dq_ptr = dq.data_ptr();

@@ -78,9 +78,17 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
     Element *dq_row = reinterpret_cast<Element *>(params.dq_ptr) +
                       binfo.q_offset(params.dq_batch_stride, params.dq_row_stride, bidb) +
                       bidh * params.dq_head_stride + int64_t(row) * params.dq_row_stride;
+    const int splits = params.dq_accum_splits > 1 ? params.dq_accum_splits : 1;
     for (int c = lane * 8; c < params.d; c += 32 * 8) {
-        const float4 lo = *reinterpret_cast<const float4 *>(acc_row + c);
-        const float4 hi = *reinterpret_cast<const float4 *>(acc_row + c + 4);
+        float4 lo = *reinterpret_cast<const float4 *>(acc_row + c);
+        float4 hi = *reinterpret_cast<const float4 *>(acc_row + c + 4);
+        for (int s = 1; s < splits; ++s) {  // deterministic sm_90a backward: slices in order
+            const float *slice = acc_row + int64_t(s) * params.dq_accum_split_stride;
+            const float4 a = *reinterpret_cast<const float4 *>(slice + c);
+            const float4 b = *reinterpret_cast<const float4 *>(slice + c + 4);
+            lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
+            hi.x += b.x, hi.y += b.y, hi.z += b.z, hi.w += b.w;
+        }
         const float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         uint4 packed;
         Element *out = reinterpret_cast<Element *>(&packed);

@@ -12,7 +12,7 @@
 //
 // The preprocess (softmax_d) and dq conversion kernels are the SM80-class ones.
 // kFeat adds softcap, ALiBi, dropout (the mask of the next query block is generated into shared
-// memory while the S / dP GEMMs run) and the deterministic dQ order.
+// memory while the S / dP GEMMs run) and the deterministic dQ (per-CTA dq_accum slices).
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -32,9 +32,10 @@ namespace flash {
 
 using namespace cute;
 
+// One key block: dK, dV of its keys and its dQ contributions (atomics into dq_accum + the
+// slice offset).
 template <typename Traits, bool kFeat>
-__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_bwd_kernel_sm90(const __grid_constant__ BwdParams params) {
-#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+__forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const int n_block, const int64_t dq_slice) {
     using Element = typename Traits::Element;
     using index_t = int64_t;
     constexpr int kBlockM = Traits::kBlockM;
@@ -44,10 +45,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x;
-    // Deterministic mode adds dQ in descending key-block order, so the highest key blocks start
-    // first: a CTA only ever waits for CTAs dispatched before it.
-    const bool deterministic = kFeat && params.deterministic;
-    const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
@@ -116,7 +113,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
                            bidh * params.lse_head_stride;
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
     const float *dsum_ptr = params.softmax_d_ptr + accum_row;
-    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
+    float *dq_accum_ptr = params.dq_accum_ptr + dq_slice + accum_row * kHeadDim;
 
     typename Traits::GmemTiledCopyLoad gmem_copy;
     auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
@@ -207,9 +204,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         }
     };
     make_keep(m_block_min, 0);
-    int *dq_semaphore = deterministic ? params.dq_semaphore_ptr + (index_t(bidb) * params.h + bidh) *
-                                                                      (params.seqlen_q_rounded / 64)
-                                      : nullptr;
 
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int stage = (m_block - m_block_min) & 1;
@@ -326,33 +320,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
         Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-        if constexpr (kFeat) {
-            if (deterministic) {  // wait for the key blocks above this one that also see this query block
-                if (tidx == 0) {
-                    const int target = mask.last_n_block_seeing(m_block, kBlockM, kBlockN) - n_block;
-                    const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
-                    while (*sem != target) {}
-                    __threadfence();
-                }
-                __syncthreads();
-            }
-        }
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
             atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-        }
-        if constexpr (kFeat) {
-            if (deterministic) {  // publish this block's dQ, then let the next key block in
-                __threadfence();
-                __syncthreads();
-                if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
-            }
         }
     }
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
     store_dk_dv();
+}
+
+// Grid (key blocks, b, h); deterministic (kFeat): (dq_accum_splits, b, h), CTA s walking key
+// blocks s, s + splits, ... and adding its dQ into slice s of dq_accum. Each slice element is
+// updated by one thread of one CTA, in program order, so the sums (and their order in the
+// conversion) are fixed: no counters, no waiting.
+template <typename Traits, bool kFeat>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_bwd_kernel_sm90(const __grid_constant__ BwdParams params) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+    // One call site (one inlined copy of the block code): the plain grid runs one iteration.
+    const bool sliced = kFeat && params.deterministic;
+    const int64_t dq_slice = sliced ? int64_t(blockIdx.x) * params.dq_accum_split_stride : 0;
+    const int n_blocks = sliced ? ceil_div(params.seqlen_k, Traits::kBlockN) : blockIdx.x + 1;
+    for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
+        if (n_block != blockIdx.x) { __syncthreads(); }  // the last block's dK/dV staging was read
+        bwd_block_sm90<Traits, kFeat>(params, n_block, dq_slice);
+    }
 #endif
 }
 

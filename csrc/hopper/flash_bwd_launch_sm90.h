@@ -24,7 +24,9 @@ void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
     auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
+    // Deterministic: dq_accum_splits CTAs per (b, h), each with its own dq_accum slice.
+    const bool sliced = kFeat && params.deterministic;
+    const dim3 grid(sliced ? params.dq_accum_splits : ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
 
