@@ -684,17 +684,21 @@ int num_sms(int device) {
 // as waves * keys per split: cost(s) = ceil(ctas * s / slots) / s (two CTAs fit an SM). The
 // smallest s within 5% of the lowest cost (fewer splits: less combine work); each split at
 // least 128 keys, at most 128 splits. One split when the batch already fills the GPU.
+// Split count for the split-KV kernel. Decode is bandwidth-bound: splits are for covering the SMs
+// (one CTA each; two if a split keeps >= 4k keys) and for keeping long contexts at
+// about 8k keys per CTA; each extra split costs a partial write and the combine. Measured on the
+// H200 (bf16 d128, 32 q / 8 kv heads, 1 token; docs/results/decode_splits_h200.log), this picks
+// the best count of 1/2/4/8/16 in each case: b16 4k -> 1 (3399 GB/s; 2 splits: 3267),
+// b16 32k -> 4 (4257; 2: 4236, 1: 4115), b4 128k -> 16 (4213; 4: 4054).
 int splitkv_heuristic(int ctas, int sms, int64_t max_seqlen_k) {
-    const int slots = 2 * sms;
-    if (ctas >= (slots * 8) / 10) return 1;
-    const int max_splits = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(1, max_seqlen_k / 128)));
-    auto cost = [&](int s) { return double((int64_t(ctas) * s + slots - 1) / slots) / s; };
-    double lowest = cost(1);
-    for (int s = 2; s <= max_splits; ++s) lowest = std::min(lowest, cost(s));
-    for (int s = 1; s <= max_splits; ++s) {
-        if (cost(s) <= 1.05 * lowest) return s;
-    }
-    return 1;
+    if (ctas >= (2 * sms * 8) / 10) return 1;  // already a full wave of CTAs: no split
+    const int64_t max_splits = std::min<int64_t>(128, std::max<int64_t>(1, max_seqlen_k / 128));
+    const int64_t by_length = (max_seqlen_k + 4096) / 8192;
+    const int64_t cover_once = ((int64_t(sms) * 9) / 10 + ctas - 1) / ctas;     // ~1 CTA per SM
+    const int64_t cover_twice = ((2 * int64_t(sms) * 9) / 10 + ctas - 1) / ctas;  // ~2, if >= 4k keys each
+    const int64_t splits =
+        std::max({by_length, cover_once, std::min(cover_twice, std::max<int64_t>(1, max_seqlen_k / 4096))});
+    return static_cast<int>(std::min(max_splits, std::max<int64_t>(1, splits)));
 }
 
 std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
