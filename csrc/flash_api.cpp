@@ -217,16 +217,6 @@ void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<
     p.philox.offset_ptr = p.philox.seed_ptr + 1;
 }
 
-// Deterministic dQ: one zeroed int32 counter per (b, h, 64-row block of seqlen_q_rounded rows).
-// Returns the buffer (it must outlive the launch).
-at::Tensor set_deterministic(flash::BwdParams &p, bool deterministic, int64_t b, int64_t h, int seqlen_q_rounded,
-                             const at::Tensor &q) {
-    if (!deterministic) return at::Tensor();
-    at::Tensor sem = at::zeros({b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
-    p.deterministic = true;
-    p.dq_semaphore_ptr = sem.data_ptr<int>();
-    return sem;
-}
 
 int num_sms(int device);
 
@@ -249,6 +239,26 @@ int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
     (void)p, (void)bh, (void)max_seqlen_k, (void)device;
     return 0;
 #endif
+}
+
+// The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
+// the sm_90a backward, else one int32 counter per (b, h, 64-row block of seqlen_q_rounded rows),
+// returned in `semaphore` (it must outlive the launch).
+at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<int64_t> shape, int64_t b, int64_t h,
+                         int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore) {
+    const int splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
+    shape.insert(shape.begin(), std::max(splits, 1));
+    at::Tensor dq_accum = at::zeros(shape, q.options().dtype(at::kFloat));
+    p.dq_accum_ptr = dq_accum.data_ptr<float>();
+    p.deterministic = deterministic;
+    if (splits > 0) {
+        p.dq_accum_splits = splits;
+        p.dq_accum_split_stride = dq_accum.stride(0);
+    } else if (deterministic) {
+        semaphore = at::zeros({b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
+        p.dq_semaphore_ptr = semaphore.data_ptr<int>();
+    }
+    return dq_accum;
 }
 
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
@@ -356,17 +366,9 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         set_softcap(params, softmax_scale, softcap);
         set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
         set_dropout_bwd(params, p_dropout, rng_state);
-        const int det_splits = deterministic ? sm90_deterministic_splits(params, b * h, sk, q.get_device()) : 0;
-        at::Tensor dq_accum =
-            at::zeros({std::max(det_splits, 1), b, h, seqlen_q_rounded, tile}, q.options().dtype(at::kFloat));
         at::Tensor dq_semaphore;
-        if (det_splits > 0) {
-            params.deterministic = true;
-            params.dq_accum_splits = det_splits;
-            params.dq_accum_split_stride = dq_accum.stride(0);
-        } else {
-            dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
-        }
+        const at::Tensor dq_accum = make_dq_accum(params, deterministic, {b, h, seqlen_q_rounded, tile}, b, h, sk,
+                                                  seqlen_q_rounded, q, dq_semaphore);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
         params.do_head_stride = dout.stride(2);
@@ -378,7 +380,6 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.dv_ptr = dv_expanded.data_ptr();
         params.dv_batch_stride = dv_expanded.stride(0), params.dv_row_stride = dv_expanded.stride(1);
         params.dv_head_stride = dv_expanded.stride(2);
-        params.dq_accum_ptr = dq_accum.data_ptr<float>();
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
@@ -621,17 +622,9 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         set_dropout_bwd(params, p_dropout, rng_state);
         // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
         const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
-        const int det_splits =
-            deterministic ? sm90_deterministic_splits(params, b * h, max_seqlen_k, q.get_device()) : 0;
-        at::Tensor dq_accum = at::zeros({std::max(det_splits, 1), h, accum_rows, tile}, q.options().dtype(at::kFloat));
         at::Tensor dq_semaphore;
-        if (det_splits > 0) {
-            params.deterministic = true;
-            params.dq_accum_splits = det_splits;
-            params.dq_accum_split_stride = dq_accum.stride(0);
-        } else {
-            dq_semaphore = set_deterministic(params, deterministic, b, h, seqlen_q_rounded, q);
-        }
+        const at::Tensor dq_accum = make_dq_accum(params, deterministic, {h, accum_rows, tile}, b, h, max_seqlen_k,
+                                                  seqlen_q_rounded, q, dq_semaphore);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
         params.dq_ptr = dq.data_ptr();
@@ -642,7 +635,6 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.dv_ptr = dv_expanded.data_ptr();
         params.dv_batch_stride = 0, params.dv_row_stride = dv_expanded.stride(0);
         params.dv_head_stride = dv_expanded.stride(1);
-        params.dq_accum_ptr = dq_accum.data_ptr<float>();
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
         params.accum_rows = accum_rows;

@@ -17,6 +17,7 @@
 #include "flash.h"
 #include "flash_fwd_kernel.h"  // store_tile
 #include "kernel_traits.h"
+#include "launch_check.h"
 #include "mask.h"
 #include "utils.h"
 
@@ -445,6 +446,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
     store_dk_dv();
+}
+
+// Every backward: softmax_d = rowsum(dO * O), the main kernel (launch_main), dq conversion.
+template <typename Element, typename LaunchMain>
+void launch_bwd_passes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
+    const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
+    flash_bwd_preprocess_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+    launch_main();
+    flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
 }
 
 }  // namespace flash

@@ -14,22 +14,16 @@ namespace flash {
 
 template <typename Traits, bool kFeat>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
-    using Element = typename Traits::Element;
-    const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
-    flash_bwd_preprocess_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-
-    constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_bwd_kernel<Traits, kFeat>;
-    if (smem_size >= 48 * 1024) {
-        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    }
-    const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
-    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-
-    flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
+    launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
+        constexpr int smem_size = Traits::kSmemSize;
+        auto kernel = &flash_bwd_kernel<Traits, kFeat>;
+        if (smem_size >= 48 * 1024) {
+            FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+        }
+        const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
+        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+        FLASH_CHECK_LAUNCH();
+    });
 }
 
 // (kBlockM, kBlockN, warps, warps along M for S/dP, along N for dK/dV, along M for dQ).

@@ -64,14 +64,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
 
-    if constexpr (kFeat) {
-        if (params.p_dropout > 0.f && params.rng_state_ptr != nullptr && blockIdx.x == 0 && bidb == 0 && bidh == 0 &&
-            tidx == 0) {
-            const PhiloxParams &ph = params.philox;
-            params.rng_state_ptr[0] = ph.from_device ? *ph.seed_ptr : int64_t(ph.seed);
-            params.rng_state_ptr[1] = ph.from_device ? *ph.offset_ptr + int64_t(ph.offset_extra) : int64_t(ph.offset);
-        }
-    }
+    if constexpr (kFeat) { write_rng_state(params); }
 
     const BlockInfo binfo(params, bidb);
     const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;

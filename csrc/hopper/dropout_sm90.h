@@ -37,8 +37,8 @@ __forceinline__ __device__ void dropout_for_each_sm90(Dropout const &dropout, Te
             CUTE_UNROLL
             for (int t = 0; t < 4; ++t) {
                 const int j = j_first + 4 * t;
-                if (j < kAtomsN && blk * 16 + 4 * t + g < (blk + 1) * 16) {
-                    const uint32_t word = pick_word(r, w0 + t < 4 ? w0 + t : 3);
+                if (j < kAtomsN) {  // with 64-column tiles, w0 is 0 or 2 and t stops at 1
+                    const uint32_t word = pick_word(r, w0 + t);
                     CUTE_UNROLL
                     for (int e = 0; e < 4; ++e) {  // e = c2 + 2 * r2 = (col % 2) + 2 * ((row % 16) / 8)
                         f(4 * j + e, ((word >> (8 * e)) & 0xffu) < dropout.threshold);

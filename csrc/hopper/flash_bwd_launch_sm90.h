@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "../flash.h"
-#include "../flash_bwd_kernel.h"  // preprocess and dq conversion kernels
+#include "../flash_bwd_kernel.h"  // preprocess, dq conversion, launch_bwd_passes
 #include "../launch_check.h"
 #include "flash_bwd_kernel_sm90.h"
 
@@ -16,22 +16,17 @@ constexpr bool kHasSm90Bwd = kHeadDim == 64 || kHeadDim == 128;
 
 template <typename Traits, bool kFeat>
 void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
-    using Element = typename Traits::Element;
-    const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
-    flash_bwd_preprocess_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-
-    constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat>;
-    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    // Deterministic: dq_accum_splits CTAs per (b, h), each with its own dq_accum slice.
-    const bool sliced = kFeat && params.deterministic;
-    const dim3 grid(sliced ? params.dq_accum_splits : ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
-    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-
-    flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
+    launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
+        constexpr int smem_size = Traits::kSmemSize;
+        auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat>;
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+        // Deterministic: dq_accum_splits CTAs per (b, h), each with its own dq_accum slice.
+        const bool sliced = kFeat && params.deterministic;
+        const dim3 grid(sliced ? params.dq_accum_splits : ceil_div(params.seqlen_k, Traits::kBlockN), params.b,
+                        params.h);
+        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+        FLASH_CHECK_LAUNCH();
+    });
 }
 
 template <typename Element, int kHeadDim, bool kFeat = false>
