@@ -66,7 +66,7 @@ struct FwdParams : QKVParams {
     const float *__restrict__ alibi_slopes_ptr;
     index_t alibi_slopes_batch_stride;
     // Dropout of the attention probabilities: an element is kept iff its Philox byte is below
-    // dropout_keep_threshold (round((1 - p) * 256)); kept ones are scaled by rp_dropout.
+    // dropout_keep_threshold (min(255, round((1 - p) * 256))); kept ones are scaled by rp_dropout.
     float p_dropout;
     float rp_dropout;
     uint32_t dropout_keep_threshold;

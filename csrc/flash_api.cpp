@@ -161,7 +161,9 @@ void check_dropout(double p_dropout, double softcap) {
 void set_dropout_rates(flash::FwdParams &p, double p_dropout) {
     p.p_dropout = static_cast<float>(p_dropout);
     p.rp_dropout = static_cast<float>(1.0 / (1.0 - p_dropout));
-    p.dropout_keep_threshold = static_cast<uint32_t>(std::lround((1.0 - p_dropout) * 256.0));
+    // At most 255: the sm_90a kernels compare whole bytes at once (dropout_sm90.h), and a keep
+    // probability of 1 is no dropout.
+    p.dropout_keep_threshold = static_cast<uint32_t>(std::min(255L, std::lround((1.0 - p_dropout) * 256.0)));
 }
 
 // Philox counters one dropout call uses per (row, head, batch) subsequence, in 32-bit values (the

@@ -129,7 +129,7 @@ def dropout_keep_ref(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p)
     Philox (seed, offset) in rng_state (the function documented in csrc/attn_mods.h)."""
     import numpy as np
 
-    threshold = int(round((1.0 - dropout_p) * 256))
+    threshold = min(255, int(round((1.0 - dropout_p) * 256)))
     b = np.arange(batch, dtype=np.uint64).reshape(-1, 1, 1, 1)
     h = np.arange(nheads, dtype=np.uint64).reshape(1, -1, 1, 1)
     row = np.arange(seqlen_q, dtype=np.uint64).reshape(1, 1, -1, 1)

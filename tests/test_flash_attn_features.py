@@ -229,6 +229,32 @@ def test_dropout_mask_matches_philox_model(d, causal):
     assert torch.equal(got, ref)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq, sk", [(1, 77), (113, 1023), (300, 257), (640, 640)])
+def test_dropout_without_s_dmask_matches_philox_model(dtype, d, causal, sq, sk):
+    """Without return_attn_probs the forward (sm_90a where built: its own packed-P dropout,
+    64-key tiles sharing Philox groups at d64) and the backward apply exactly the documented mask."""
+    require_config(dtype, d)
+    b, h, hk, p = 2, 4, 2, 0.17
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_forward(
+        qd, kd, vd, p, d ** -0.5, causal, -1, 0 if causal else -1, 0.0, None, False)
+    seed, offset = rng_state.tolist()
+    mask = dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+    torch.ops.flash_attn._flash_attn_backward(
+        dout, qd, kd, vd, out, lse, dq, dk, dv, p, d ** -0.5, causal, -1, 0 if causal else -1, 0.0, None,
+        False, rng_state)
+    check_against_ref(out, lse, (dq, dk, dv), q, k, v, dout, causal, grad_factor=3,
+                      dropout_p=p, dropout_mask=mask)
+
+
 def test_dropout_kept_fraction():
     dtype = torch.bfloat16
     require_config(dtype, 64)

@@ -3,9 +3,18 @@
 //
 // One Philox call yields the keep bytes of one group: rows {r, r + 8} (r % 16 < 8) x columns
 // {c, c + 1, c + 32, c + 33, c + 64, c + 65, c + 96, c + 97} (c % 32 < 8, even) of a 128-column
-// block. The forward's accumulator (query rows, key columns) gives each thread whole groups, as
-// in the SM80 kernels. The backward's transposed tiles (key rows, query columns) do not, so its
-// CTA generates the tile's groups cooperatively into a byte matrix in shared memory.
+// block; word w holds columns {c, c + 1} + 32 w, byte e = (col % 2) + 2 * ((row % 16) / 8).
+//
+// Cost is what matters here (issue 3: dropout <= 15% of plain forward + backward), so:
+//  - the bytes are compared with the threshold four at a time (drop_flags: three integer ops per
+//    word, the flag lands in bit 7 of each byte), and dropped elements are cleared in the packed
+//    16-bit P with one PRMT (sign-replicating those flags into 16-bit masks) and one AND per pair;
+//  - the Philox work never waits on the scores: the forward generates a tile's flags while its
+//    S GEMM runs and parks them in shared memory (no registers held across the softmax); the
+//    backward generates the next query block's flags while the S / dP GEMMs run.
+//  The forward's accumulator (query rows, key columns) gives each thread whole groups. The
+//  backward's transposed tiles (key rows, query columns) do not, so its CTA generates groups
+//  cooperatively and every thread then loads the 16 words it needs from shared memory.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,69 +25,148 @@ namespace flash {
 
 using namespace cute;
 
-// Forward: f(i, keep) for every element i of a wgmma accumulator ((2, 2, N/8), 1, 1) whose
-// coordinates (query row, key column) are coords(i); col0 is the tile's first key (a multiple
-// of the tile width, which divides 128 or is a multiple of it).
-template <int kBlockN, typename TensorCoord, typename F>
-__forceinline__ __device__ void dropout_for_each_sm90(Dropout const &dropout, TensorCoord const &coords, int row0,
-                                                      int col0, F &&f) {
-    constexpr int kAtomsN = kBlockN / 8;  // 8-column atoms along N; the thread owns each one's 2x2
-    static_assert(kBlockN % 32 == 0);
+__forceinline__ __device__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+    return r;
+}
+
+// Byte-parallel "byte >= threshold" (dropped) for threshold in [1, 255]: bit 7 of each result
+// byte is the flag, the other bits are garbage. With a = 128 a7 + a_lo and t = 128 t7 + t_lo,
+// (a | 0x80) - t_lo = 128 + a_lo - t_lo never borrows across bytes and has bit 7 = (a_lo >= t_lo);
+// a >= t is then majority(a7, !t7, that bit).
+struct DropFlags {
+    uint32_t t_lo;   // (threshold & 0x7f) in every byte
+    uint32_t not_t;  // ~threshold in every byte
+
+    DropFlags() = default;
+    __device__ explicit DropFlags(uint32_t threshold)
+        : t_lo((threshold & 0x7fu) * 0x01010101u), not_t(~(threshold * 0x01010101u)) {}
+
+    __device__ __forceinline__ uint32_t operator()(uint32_t word) const {
+        const uint32_t lo_ge = (word | 0x80808080u) - t_lo;
+        return (word & not_t) | (word & lo_ge) | (not_t & lo_ge);
+    }
+};
+
+// 16-bit masks (0xffff = dropped) of bytes e0 (low half) and e1 (high half) of `flags`.
+__forceinline__ __device__ uint32_t pair_drop_mask(uint32_t flags, int e0, int e1) {
+    return prmt(flags, 0u, uint32_t(0x88 | e0 * 0x11) | (uint32_t(0x88 | e1 * 0x11) << 8));
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+
+// Drop flags of the thread's elements in the 128-column block that contains the tile at col0:
+// one Philox call (four words) per group g = (col / 8) % 4, stored at flags[g * kThreads + tidx]
+// (16-byte stores, each thread reads back only its own). coords: the tile's wgmma accumulator
+// coordinates ((2, 2, N/8), 1, 1) -> (query row, key column).
+template <int kThreads, typename TensorCoord>
+__forceinline__ __device__ void dropout_fwd_generate(Dropout const &dropout, TensorCoord const &coords, int row0,
+                                                     int col0, uint4 *flags, int tidx) {
+    const DropFlags drop_flags(dropout.threshold);
     CUTE_UNROLL
-    for (int blk = 0; blk < (kAtomsN + 15) / 16; ++blk) {  // 128-column blocks
+    for (int g = 0; g < 4; ++g) {
+        const int row = row0 + get<0>(coords(4 * g));
+        const int col = col0 - col0 % 128 + get<1>(coords(4 * g));  // (col / 8) % 4 == g
+        uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
+        r = make_uint4(drop_flags(r.x), drop_flags(r.y), drop_flags(r.z), drop_flags(r.w));
+        flags[g * kThreads + tidx] = r;
+    }
+}
+
+// Clears the dropped elements of the packed P of the tile at col0 (kBlockN = 64 or 128 columns;
+// a 64-column tile uses words 0-1 or 2-3 of each group).
+template <int kBlockN, int kThreads, typename TensorP>
+__forceinline__ __device__ void dropout_fwd_apply(TensorP &rP, uint4 const *flags, int col0, int tidx) {
+    static_assert(kBlockN == 64 || kBlockN == 128);
+    static_assert(sizeof(typename TensorP::value_type) == 2);
+    Tensor rP32 = recast<uint32_t>(rP);  // pair 2j: (row r, cols c, c+1) of atom j; 2j+1: row r+8
+    const bool upper_half = kBlockN == 64 && col0 % 128 != 0;
+    CUTE_UNROLL
+    for (int g = 0; g < 4; ++g) {
+        const uint4 r = flags[g * kThreads + tidx];
         CUTE_UNROLL
-        for (int g = 0; g < 4; ++g) {  // atom j with j % 4 == g: (col / 8) % 4 == g
-            const int j_first = blk * 16 + g;
-            const int i_first = 4 * j_first;  // element (c2 = 0, r2 = 0, j)
-            const int row = row0 + get<0>(coords(i_first));
-            const int col = col0 + get<1>(coords(i_first));
-            const uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
-            const int w0 = (col % 128) / 32;
-            CUTE_UNROLL
-            for (int t = 0; t < 4; ++t) {
-                const int j = j_first + 4 * t;
-                if (j < kAtomsN) {  // with 64-column tiles, w0 is 0 or 2 and t stops at 1
-                    const uint32_t word = pick_word(r, w0 + t);
-                    CUTE_UNROLL
-                    for (int e = 0; e < 4; ++e) {  // e = c2 + 2 * r2 = (col % 2) + 2 * ((row % 16) / 8)
-                        f(4 * j + e, ((word >> (8 * e)) & 0xffu) < dropout.threshold);
-                    }
-                }
-            }
+        for (int t = 0; t < kBlockN / 32; ++t) {
+            const int j = g + 4 * t;  // atom j covers columns 8j..8j+7 of the tile: word t (+2)
+            const uint32_t word = kBlockN == 128 ? pick_word(r, t) : (upper_half ? pick_word(r, 2 + t) : pick_word(r, t));
+            rP32(2 * j) &= ~pair_drop_mask(word, 0, 1);
+            rP32(2 * j + 1) &= ~pair_drop_mask(word, 2, 3);
         }
     }
 }
 
-// Backward: writes keep[(col - col0) * kBlockM + (row - row0)] (1 = kept) for the
-// (kBlockM x kBlockN) tile at (row0, col0), with kThreads threads sharing the work. col0 is a
-// multiple of kBlockN; kBlockN divides 128 or is 128.
+// ---- backward ---------------------------------------------------------------------------------
+
+// The backward's (kBlockM = 64 queries x kBlockN = 128 keys) tile has 512 groups
+// g = c32 + 4 c4 + 16 r8 + 128 rb, (c32, c4) = ((col / 8) % 4, (col % 8) / 2), (r8, rb) =
+// (row % 8, row / 16). Word w of group g lives at flags[w * 512 + (g ^ ((g >> 5) & 3))]: the
+// XOR spreads the 16 groups a warp's load touches over 16 banks; stores stay conflict-free.
+struct DropoutBwdLayout {
+    static constexpr int kGroups = 512;
+    __device__ static int index(int g, int w) { return w * kGroups + (g ^ ((g >> 5) & 3)); }
+};
+
 template <int kBlockM, int kBlockN, int kThreads>
-__forceinline__ __device__ void dropout_tile_to_smem(Dropout const &dropout, uint8_t *keep, int row0, int col0,
+__forceinline__ __device__ void dropout_bwd_generate(Dropout const &dropout, uint32_t *flags, int row0, int col0,
                                                      int tidx) {
-    static_assert(kBlockM % 16 == 0 && (128 % kBlockN == 0));
-    // Groups: (row / 16, row % 8, (col % 8) / 2, (col / 8) % 4) over the tile's 128-column block.
-    constexpr int kGroups = (kBlockM / 16) * 8 * 4 * 4;
-    const int col_blk = col0 - col0 % 128;
+    const DropFlags drop_flags(dropout.threshold);
+    static_assert(kBlockM == 64 && kBlockN == 128 && DropoutBwdLayout::kGroups % kThreads == 0);
     CUTE_UNROLL
-    for (int gi = 0; gi < (kGroups + kThreads - 1) / kThreads; ++gi) {
+    for (int gi = 0; gi < DropoutBwdLayout::kGroups / kThreads; ++gi) {
         const int g = tidx + gi * kThreads;
-        if (kGroups % kThreads != 0 && g >= kGroups) break;
         const int c32 = g % 4, c4 = (g / 4) % 4, r8 = (g / 16) % 8, rb = g / 128;
         const int row = row0 + rb * 16 + r8;
-        const int col = col_blk + c32 * 8 + c4 * 2;
+        const int col = col0 + c32 * 8 + c4 * 2;
         const uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
+        flags[DropoutBwdLayout::index(g, 0)] = drop_flags(r.x);
+        flags[DropoutBwdLayout::index(g, 1)] = drop_flags(r.y);
+        flags[DropoutBwdLayout::index(g, 2)] = drop_flags(r.z);
+        flags[DropoutBwdLayout::index(g, 3)] = drop_flags(r.w);
+    }
+}
+
+// The transposed accumulators S^T / dP^T ((2, 2, kBlockM / 8), 1, 1): element 4j + 2 r2 + c2 is
+// (key x0 + 8 r2, query 8j + 2m + c2), x0 and 2m = the coordinates of element 0. Its flag is
+// byte (x % 2) + 2 (j % 2) of word x / 32 of group (c32, c4) of key x, r8 = 2m + c2, rb = j / 2:
+// two loaded words (c2 = 0, 1) serve the four elements of atoms 2 rb and 2 rb + 1 of a key.
+template <int kBlockM, typename TensorCoord, typename F>
+__forceinline__ __device__ void dropout_bwd_for_each_word_pair(uint32_t const *flags, TensorCoord const &coords,
+                                                               F &&f) {
+    const int x0 = get<0>(coords(0)), m2 = get<1>(coords(0));  // key of r2 = 0, query 2m of j = c2 = 0
+    CUTE_UNROLL
+    for (int r2 = 0; r2 < 2; ++r2) {
+        const int x = x0 + 8 * r2;
+        const int g_key = (x / 8) % 4 + 4 * ((x % 8) / 2);
         CUTE_UNROLL
-        for (int w = 0; w < 4; ++w) {
-            const int colw = col + 32 * w;
-            if (colw < col0 || colw >= col0 + kBlockN) continue;
-            const uint32_t word = pick_word(r, w);
+        for (int rb = 0; rb < kBlockM / 16; ++rb) {
+            const uint32_t a = flags[DropoutBwdLayout::index(g_key + 16 * m2 + 128 * rb, x / 32)];
+            const uint32_t b = flags[DropoutBwdLayout::index(g_key + 16 * (m2 + 1) + 128 * rb, x / 32)];
             CUTE_UNROLL
-            for (int e = 0; e < 4; ++e) {
-                const int c = colw + (e & 1) - col0, rr = row + 8 * (e >> 1) - row0;
-                keep[c * kBlockM + rr] = ((word >> (8 * e)) & 0xffu) < dropout.threshold;
-            }
+            for (int jj = 0; jj < 2; ++jj) { f(r2, 2 * rb + jj, x % 2 + 2 * jj, a, b); }
         }
     }
+}
+
+// Clears the dropped elements of the packed P^T (16-bit elements, pair 2j + r2 = queries q, q + 1).
+template <int kBlockM, typename TensorP, typename TensorCoord>
+__forceinline__ __device__ void dropout_bwd_apply_p(TensorP &rP, uint32_t const *flags, TensorCoord const &coords) {
+    static_assert(sizeof(typename TensorP::value_type) == 2);
+    Tensor rP32 = recast<uint32_t>(rP);
+    dropout_bwd_for_each_word_pair<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
+        const uint32_t selector = uint32_t(0x88 | e * 0x11) | (uint32_t(0xcc | e * 0x11) << 8);
+        rP32(2 * j + r2) &= ~prmt(a, b, selector);
+    });
+}
+
+// Zeroes the dropped elements of the fp32 dP^T.
+template <int kBlockM, typename TensorAcc, typename TensorCoord>
+__forceinline__ __device__ void dropout_bwd_apply_dp(TensorAcc &acc, uint32_t const *flags, TensorCoord const &coords) {
+    dropout_bwd_for_each_word_pair<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
+        const uint32_t selector = (0x8u | uint32_t(e)) * 0x1111u;
+        const int i = 4 * j + 2 * r2;
+        acc(i) = __uint_as_float(__float_as_uint(acc(i)) & ~prmt(a, 0u, selector));
+        acc(i + 1) = __uint_as_float(__float_as_uint(acc(i + 1)) & ~prmt(b, 0u, selector));
+    });
 }
 
 }  // namespace flash

@@ -11,8 +11,8 @@
 //   dS^T -> shared memory; dQ = dS K         (wgmma SS)  -> fp32 atomics into dq_accum
 //
 // The preprocess (softmax_d) and dq conversion kernels are the SM80-class ones.
-// kFeat adds softcap, ALiBi, dropout (the mask of the next query block is generated into shared
-// memory while the S / dP GEMMs run) and the deterministic dQ (per-CTA dq_accum slices).
+// kFeat adds softcap, ALiBi, dropout (the drop flags of the next query block are generated into
+// shared memory while the S / dP GEMMs run) and the deterministic dQ (per-CTA dq_accum slices).
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -93,7 +93,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     Element *smem_ds = smem_v + Traits::kSmemKVElems;
     float *smem_lse = reinterpret_cast<float *>(smem_ds + Traits::kSmemdSElems);
     float *smem_dsum = smem_lse + Traits::kStages * kBlockM;
-    uint8_t *smem_keep = reinterpret_cast<uint8_t *>(smem) + Traits::kSmemKeepOffset;
+    uint32_t *smem_drop_flags = reinterpret_cast<uint32_t *>(smem + Traits::kSmemDropoutOffset);
 
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdO{});
     Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQdOt{});
@@ -195,15 +195,16 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, diag) : ScoreMod{};
     const bool is_dropout = kFeat && params.p_dropout > 0.f;
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
-    auto make_keep = [&](int m_block, int stage) {
+    constexpr int kDropFlagWords = Traits::kSmemDropoutFlagsPerStage / 4;
+    auto make_drop_flags = [&](int m_block, int stage) {
         if constexpr (kFeat) {
             if (is_dropout) {
-                dropout_tile_to_smem<kBlockM, kBlockN, Traits::kNThreads>(
-                    dropout, smem_keep + stage * kBlockM * kBlockN, m_block * kBlockM, col0, tidx);
+                dropout_bwd_generate<kBlockM, kBlockN, Traits::kNThreads>(
+                    dropout, smem_drop_flags + stage * kDropFlagWords, m_block * kBlockM, col0, tidx);
             }
         }
     };
-    make_keep(m_block_min, 0);
+    make_drop_flags(m_block_min, 0);
 
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int stage = (m_block - m_block_min) & 1;
@@ -216,11 +217,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
-        if (m_block + 1 < m_block_max) { make_keep(m_block + 1, stage ^ 1); }  // overlaps the GEMMs
-        const uint8_t *keep_stage = smem_keep + stage * kBlockM * kBlockN;
-        auto kept = [&](int i) {
-            return keep_stage[get<0>(coords_st(i)) * kBlockM + get<1>(coords_st(i))] != 0;
-        };
+        if (m_block + 1 < m_block_max) { make_drop_flags(m_block + 1, stage ^ 1); }  // overlaps the GEMMs
+        const uint32_t *drop_flags_stage = smem_drop_flags + stage * kDropFlagWords;
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
         warpgroup_wait<1>();
@@ -258,29 +256,28 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
             }
         }
         Tensor rP = make_tensor_like<Element>(acc_s);
-        if (kFeat && is_dropout) {  // dV takes P * keep / (1 - p)
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_s); ++i) { rP(i) = Element(kept(i) ? acc_s(i) * dropout.rp : 0.f); }
-        } else {
+        {
             Tensor converted = convert_type<Element>(acc_s);
             cute::copy(converted, rP);
         }
+        // dV takes P * keep / (1 - p): the dropped elements are cleared here, 1 / (1 - p) is
+        // applied to dV once at the end.
+        if (kFeat && is_dropout) { dropout_bwd_apply_p<kBlockM>(rP, drop_flags_stage, coords_st); }
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                  tdVrdOt(_, _, _, stage), acc_dv);
 
         // dS^T = P^T * (dP^T - softmax_d).
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
         warpgroup_fence_operand(acc_dp);
-        if (kFeat && is_dropout) {  // out = (P * keep / (1 - p)) V: dP seen by P is dP * keep / (1 - p)
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_dp); ++i) { acc_dp(i) = kept(i) ? acc_dp(i) * dropout.rp : 0.f; }
-        }
+        // out = (P * keep / (1 - p)) V: the dP seen by P is dP * keep / (1 - p).
+        if (kFeat && is_dropout) { dropout_bwd_apply_dp<kBlockM>(acc_dp, drop_flags_stage, coords_st); }
+        const float dp_scale = kFeat && is_dropout ? dropout.rp : 1.f;
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(dS); ++ni) {
             const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
             CUTE_UNROLL
-            for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum); }
+            for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) * dp_scale - dsum); }
         }
         if constexpr (kFeat) {
             if (score_mod.has_softcap()) {
@@ -328,6 +325,10 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
+    if (kFeat && is_dropout) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dv); ++i) { acc_dv(i) *= dropout.rp; }
+    }
     store_dk_dv();
 }
 

@@ -167,13 +167,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
     const bool is_dropout = kFeat && params.p_dropout > 0.f;
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
-    // P = exp(score - running max) of a tile; dropped elements leave the P V product (the row
-    // sums already hold every element).
-    auto apply_dropout = [&](auto &acc, int n_blk) {
+    uint4 *smem_drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize);  // kFeat only
+    // Dropout flags of tile n_blk, generated while its S GEMM runs (they do not depend on the
+    // scores). A 64-key tile shares its 128-key Philox groups with its neighbour: the first of the
+    // pair to be visited (the walk goes down) generates both halves.
+    auto generate_dropout = [&](int n_blk) {
+        if constexpr (kFeat) {
+            if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
+                dropout_fwd_generate<Traits::kNThreads>(dropout, coords_s, row0, n_blk * kBlockN,
+                                                        smem_drop_flags, tidx);
+            }
+        }
+    };
+    // Dropped elements leave the P V product (the row sums already hold every element).
+    auto apply_dropout = [&](auto &rP_tile, int n_blk) {
         if constexpr (kFeat) {
             if (is_dropout) {
-                dropout_for_each_sm90<kBlockN>(dropout, coords_s, row0, n_blk * kBlockN,
-                                               [&](int i, bool keep) { acc(i) = keep ? acc(i) : 0.f; });
+                dropout_fwd_apply<kBlockN, Traits::kNThreads>(rP_tile, smem_drop_flags, n_blk * kBlockN, tidx);
             }
         }
     };
@@ -191,18 +201,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     cp_async_fence();
 
     Tensor acc_s = new_acc_s();
-    wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_qk, tSrQ, tSrK(_, _, _, 0), acc_s);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, 0), acc_s);
+    generate_dropout(n_block);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
     if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN); }
     if (mask.tile_needs_mask(row0, n_block * kBlockN, kBlockM, kBlockN)) {
         mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
     }
     softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
-    apply_dropout(acc_s, n_block);
     Tensor rP = make_tensor<Element>(acc_s.layout());
     {
         Tensor converted = convert_type<Element>(acc_s);
         cute::copy(converted, rP);
     }
+    apply_dropout(rP, n_block);
     clear(acc_o);
 
     for (int t = 1; t < n_blocks; ++t) {
@@ -219,6 +232,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         if (t + 1 < n_blocks) { load_K(n_block - 1, stage ^ 1); }
         load_V(n_block, stage);
         cp_async_fence();
+        generate_dropout(n_block);
         warpgroup_wait<1>();  // S_t ready; P_{t-1} V[t-1] may still run
         warpgroup_fence_operand(acc_s_next);
         if constexpr (kFeat) { score_mod.apply(acc_s_next, coords_s, row0, n_block * kBlockN); }
@@ -229,9 +243,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         softmax.rescale_o(acc_o, rescale);
-        apply_dropout(acc_s_next, n_block);
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
+        apply_dropout(rP, n_block);
     }
 
     // Last P V.

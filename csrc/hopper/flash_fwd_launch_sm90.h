@@ -15,7 +15,7 @@ constexpr bool kHasSm90Fwd = kHeadDim == 64 || kHeadDim == 128;
 
 template <typename Traits, bool kFeat>
 void launch_fwd_sm90(FwdParams &params, cudaStream_t stream) {
-    constexpr int smem_size = Traits::kSmemSize;
+    constexpr int smem_size = Traits::kSmemSize + (kFeat ? Traits::kSmemDropoutFlags : 0);
     auto kernel = &flash_fwd_kernel_sm90<Traits, kFeat>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.b, params.h);

@@ -67,10 +67,11 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
     static constexpr int kSmemKVElems = cosize(SmemLayoutKV{});
     static constexpr int kSmemdSElems = cosize(SmemLayoutdS{});
     static constexpr int kSmemElems = 2 * kSmemQdOElems + 2 * kSmemKVElems + kSmemdSElems;
-    // LSE and softmax_d of each stage follow, in fp32, then (dropout) a keep byte per element of
-    // each stage's (kBlockN x kBlockM) tile.
-    static constexpr int kSmemKeepOffset = kSmemElems * sizeof(Element) + 2 * kStages * kBlockM * sizeof(float);
-    static constexpr int kSmemSize = kSmemKeepOffset + kStages * kBlockM * kBlockN;
+    // LSE and softmax_d of each stage follow, in fp32, then (dropout) each stage's drop flags, a
+    // byte per element of the (kBlockN x kBlockM) tile (dropout_sm90.h).
+    static constexpr int kSmemDropoutOffset = kSmemElems * sizeof(Element) + 2 * kStages * kBlockM * sizeof(float);
+    static constexpr int kSmemDropoutFlagsPerStage = kBlockM * kBlockN;
+    static constexpr int kSmemSize = kSmemDropoutOffset + kStages * kSmemDropoutFlagsPerStage;
     static_assert(2 * cosize(SmemLayoutdKV{}) <= kSmemElems);
 };
 
