@@ -96,6 +96,9 @@ struct FwdParams : QKVParams {
     // lse_accum (num_splits, b, h, seqlen_q), merged by the combine kernel. num_splits == 1
     // writes out / softmax_lse directly.
     int num_splits;
+    // Split-KV on sm_90a: run the bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h) instead
+    // of the SM80-class one; set by the binding (FLASH_ATTN_DECODE_KERNEL) where it applies.
+    bool decode_sm90;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

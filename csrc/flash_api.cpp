@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 
 #include <optional>
@@ -697,6 +698,50 @@ int splitkv_heuristic(int ctas, int sms, int64_t max_seqlen_k, bool paged) {
     return static_cast<int>(std::min(max_splits, std::max<int64_t>(1, splits)));
 }
 
+// Split count for the sm_90a decode kernel, which runs one 8-warp CTA per SM (a wave is `sms`
+// CTAs). Bandwidth-bound cost model: time ~ waves(s) * (keys per split + kCtaCostKeys), the fixed
+// cost of a CTA (filling its copy ring, merge, store) counted in keys; the smallest s within 3% of
+// the best wins (fewer partials to write and combine). At most 128 splits, each >= 128 keys.
+// bf16 d128, 8 KV heads: b16 4k and 32k -> 1 split (128 CTAs: one wave), b4 128k -> 4.
+int splitkv_heuristic_sm90(int ctas, int sms, int64_t max_seqlen_k) {
+    constexpr int64_t kCtaCostKeys = 256;
+    const int64_t max_splits = std::min<int64_t>(128, std::max<int64_t>(1, max_seqlen_k / 128));
+    auto cost = [&](int64_t s) {
+        const int64_t waves = (int64_t(ctas) * s + sms - 1) / sms;
+        return waves * ((max_seqlen_k + s - 1) / s + kCtaCostKeys);
+    };
+    int64_t best = cost(1);
+    for (int64_t s = 2; s <= max_splits; ++s) best = std::min(best, cost(s));
+    for (int64_t s = 1; s < max_splits; ++s) {
+        if (cost(s) * 100 <= best * 103) return static_cast<int>(s);
+    }
+    return static_cast<int>(max_splits);
+}
+
+// FLASH_ATTN_DECODE_KERNEL=old|new, read at each call so that one process can time both: which
+// kernel runs the split-KV calls (decode, paged KV cache) on an sm_90 device, the sm_90a
+// bulk-copy one (new; head dims 64 and 128) or the SM80-class one (old). Unset: the default below.
+constexpr bool kDecodeKernelNewByDefault = false;
+
+bool decode_kernel_new() {
+    const char *env = std::getenv("FLASH_ATTN_DECODE_KERNEL");
+    if (env == nullptr || env[0] == '\0') return kDecodeKernelNewByDefault;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "old" || choice == "new", "flash_attn: FLASH_ATTN_DECODE_KERNEL must be 'old' or 'new', got '",
+                choice, "'");
+    return choice == "new";
+}
+
+// Whether a split-KV call runs the sm_90a decode kernel (see run_mha_fwd_splitkv_).
+bool use_sm90_decode(const flash::FwdParams &p) {
+#ifdef FLASH_ATTN_SM90A
+    return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new();
+#else
+    (void)p;
+    return false;
+#endif
+}
+
 std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                         std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
                                         std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
@@ -781,8 +826,13 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
+        params.decode_sm90 = use_sm90_decode(params);
+        const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
-        if (splits == 0) splits = splitkv_heuristic(static_cast<int>(b * h_k) * m_blocks, num_sms(q.get_device()), seqlen_k, paged);
+        if (splits == 0) {
+            splits = params.decode_sm90 ? splitkv_heuristic_sm90(ctas, num_sms(q.get_device()), seqlen_k)
+                                        : splitkv_heuristic(ctas, num_sms(q.get_device()), seqlen_k, paged);
+        }
         splits = std::min(splits, 128);
         params.num_splits = splits;
         if (splits > 1) {

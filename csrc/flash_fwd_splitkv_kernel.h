@@ -23,6 +23,7 @@
 
 #include "block_info.h"
 #include "flash.h"
+#include "flash_fwd_splitkv_common.h"
 #include "kernel_traits.h"
 #include "softmax.h"
 #include "utils.h"
@@ -260,38 +261,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         clear(acc_s);
         gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
 
-        const int col0 = tile * kBlockNw;
-        if constexpr (kMod) {
-            Tensor s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
-            if (params.softcap_scale > 0.f) {
-                CUTE_UNROLL
-                for (int i = 0; i < size(acc_s); ++i) { acc_s(i) = tanhf(acc_s(i) * params.softcap_scale); }
-            }
-            if (params.alibi_slopes_ptr != nullptr) {
-                CUTE_UNROLL
-                for (int mi = 0; mi < kNRows; ++mi) {
-                    CUTE_UNROLL
-                    for (int ni = 0; ni < size<1>(s_rc); ++ni) {
-                        const int dist = row_q[mi] + diag - col0 - get<1>(coords_s_rc(mi, ni));
-                        s_rc(mi, ni) += alibi_slope[mi] * float(dist < 0 ? -dist : dist);
-                    }
-                }
-            }
-        }
-        if (col0 + kBlockNw > seqlen_k || needs_row_mask) {
-            Tensor s_rc = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                const int i = row_q[mi];
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(s_rc); ++ni) {
-                    const int col = col0 + get<1>(coords_s_rc(mi, ni));
-                    const bool masked = (col >= seqlen_k) | (col > i + diag + params.window_right) |
-                                        (col < i + diag - params.window_left);
-                    s_rc(mi, ni) = masked ? -INFINITY : s_rc(mi, ni);
-                }
-            }
-        }
+        splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
+                                             needs_row_mask, params);
         softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
 
         Tensor rP = convert_type<Element>(acc_s);
@@ -301,75 +272,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     }
     cp_async_wait<0>();
 
-    // ---- merge the warps: O = sum_w exp(m_w - M) O_w / L, L = sum_w exp(m_w - M) l_w ----
-    __syncthreads();  // all warps are done with their K/V buffers: reuse them
-    float *s_o = reinterpret_cast<float *>(smem_kv);                     // (kNWarps, kBlockM, kHeadDim)
-    float *s_max = s_o + kNWarps * kBlockM * kHeadDim;                   // (kNWarps, kBlockM)
-    float *s_sum = s_max + kNWarps * kBlockM;                            // (kNWarps, kBlockM)
-    Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
-    Tensor coords_o = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-    Tensor coords_o_rc = make_tensor(coords_o.data(), acc_layout_rowcol(coords_o.layout()));
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) {
-        const float sum = quad_allreduce(softmax.row_sum(mi), SumOp{});
-        const int r = get<0>(coords_o_rc(mi, 0));
-        if (get<1>(coords_o_rc(mi, 0)) == 0) {
-            s_max[warp * kBlockM + r] = softmax.row_max(mi);
-            s_sum[warp * kBlockM + r] = sum;
-        }
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) {
-            s_o[(warp * kBlockM + r) * kHeadDim + get<1>(coords_o_rc(mi, ni))] = acc_o_rc(mi, ni);
-        }
-    }
-    __syncthreads();
-
-    // One thread per (row, 8 columns); rows past the end are skipped.
-    const float scale_log2 = params.scale_softmax_log2;
-    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
-        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
-        const int p = p0 + r;
-        if (p >= packed_rows || c >= params.d) continue;
-        float m = -INFINITY;
-        CUTE_UNROLL
-        for (int w = 0; w < kNWarps; ++w) { m = fmaxf(m, s_max[w * kBlockM + r]); }
-        float l = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        CUTE_UNROLL
-        for (int w = 0; w < kNWarps; ++w) {
-            const float mw = s_max[w * kBlockM + r];
-            const float f = mw == -INFINITY ? 0.f : exp2f((mw - m) * scale_log2);
-            l += f * s_sum[w * kBlockM + r];
-            CUTE_UNROLL
-            for (int e = 0; e < 8; ++e) { o[e] += f * s_o[(w * kBlockM + r) * kHeadDim + c + e]; }
-        }
-        const bool empty = l == 0.f || l != l;
-        const float inv_l = empty ? 0.f : 1.f / l;
-        // Natural-log LSE of the (split's) row; empty: +inf (final) or -inf (partial).
-        const int i = p / g, head = bidh_k * g + p % g;
-        if (params.num_splits == 1) {
-            const float lse = empty ? INFINITY : m * params.scale_softmax + __logf(l);
-            Element *out = reinterpret_cast<Element *>(params.o_ptr) +
-                           binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) +
-                           index_t(i) * params.o_row_stride + index_t(head) * params.o_head_stride + c;
-            uint4 packed;
-            Element *pe = reinterpret_cast<Element *>(&packed);
-            CUTE_UNROLL
-            for (int e = 0; e < 8; ++e) { pe[e] = Element(o[e] * inv_l); }
-            *reinterpret_cast<uint4 *>(out) = packed;
-            if (c == 0) {
-                params.softmax_lse_ptr[(binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
-                                       head * params.lse_head_stride + i] = lse;
-            }
-        } else {
-            const float lse = empty ? -INFINITY : m * params.scale_softmax + __logf(l);
-            // (split, b, h, seqlen_q, head_dim_tile) and (split, b, h, seqlen_q); dense q only.
-            const index_t row = ((index_t(split) * params.b + bidb) * params.h + head) * params.seqlen_q + i;
-            float *oacc = params.oaccum_ptr + row * params.head_dim_tile + c;
-            *reinterpret_cast<float4 *>(oacc) = make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
-            *reinterpret_cast<float4 *>(oacc + 4) = make_float4(o[4] * inv_l, o[5] * inv_l, o[6] * inv_l, o[7] * inv_l);
-            if (c == 0) params.lse_accum_ptr[row] = lse;
-        }
-    }
+    __syncthreads();  // all warps are done with their K/V buffers: the merge reuses them
+    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, Traits::kNThreads, Element>(
+        params, binfo, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
+        split);
 }
 
 // Merges the splits: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s. One warp per

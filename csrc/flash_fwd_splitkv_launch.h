@@ -9,8 +9,28 @@
 
 namespace flash {
 
+#ifdef FLASH_ATTN_SM90A
+// Head-dim tiles with the sm_90a bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h). It is
+// defined in hopper/flash_fwd_decode_launch_sm90.h and instantiated in its own translation units
+// (instantiations/flash_fwd_split_sm90_hdim*_*.cu), so that they compile in parallel.
+template <int kHeadDim>
+constexpr bool kHasSm90Decode = kHeadDim == 64 || kHeadDim == 128;
+template <typename Element, int kHeadDim>
+void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream);
+#endif
+
 template <typename Element, int kHeadDim>
 void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
+#ifdef FLASH_ATTN_SM90A
+    // params.decode_sm90: the binding's choice (FLASH_ATTN_DECODE_KERNEL, sm_90 device); the
+    // kernel needs d to fill the tile (no zero columns to pad).
+    if constexpr (kHasSm90Decode<kHeadDim>) {
+        if (params.decode_sm90 && params.d == kHeadDim) {
+            run_mha_fwd_decode_sm90<Element, kHeadDim>(params, stream);
+            return;
+        }
+    }
+#endif
     using Traits = SplitKVKernelTraits<kHeadDim, Element>;
     constexpr int smem_size = Traits::kSmemSize;
     // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.

@@ -755,3 +755,40 @@ def test_kvcache_many_splits_fill_gpu():
     c = flash_attn_with_kvcache(q, kc, vc, num_splits=57)
     torch.testing.assert_close(a, b, atol=2e-3, rtol=1e-2)
     torch.testing.assert_close(c, b, atol=2e-3, rtol=1e-2)
+
+
+# The sm_90a bulk-copy decode kernel (FLASH_ATTN_DECODE_KERNEL=new, read by the binding at each
+# call): the split-KV cases again, plus tail / empty-split / page-size corners. Off sm_90, or for
+# head dims other than 64 / 128, the binding falls back to the SM80-class kernel.
+SM90_DECODE_CASES = [c for c in KV_CASES if not c[0].startswith("prefill")] + [
+    ("d64-paged16-gqa", dict(dtype=torch.float16, d=64, sq=1, page=16, h=32, hk=8)),
+    ("d64-leftpad-causal-sq4", dict(d=64, sq=4, leftpad=True, causal=True, h=8, hk=2)),
+    ("splits64-mostly-empty", dict(sq=1, h=32, hk=8, seqlen_cache=200, num_splits=64)),
+    ("paged16-leftpad-split5", dict(sq=1, page=16, leftpad=True, num_splits=5, seqlen_cache=1000)),
+    ("paged256-gqa-causal-sq4", dict(sq=4, page=256, h=32, hk=8, causal=True, seqlen_cache=3000)),
+    ("fp16-d128-long-split-heuristic", dict(dtype=torch.float16, sq=1, b=2, h=32, hk=8, seqlen_cache=9000)),
+]
+
+
+@pytest.mark.parametrize("name, kw", SM90_DECODE_CASES, ids=[c[0] for c in SM90_DECODE_CASES])
+def test_kvcache_sm90_decode_kernel(name, kw, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "new")
+    _run_kvcache(**kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seqlen_cache", [32 * 1024, 128 * 1024 + 5])
+@pytest.mark.parametrize("page", [None, 16])
+def test_kvcache_sm90_decode_long_context(seqlen_cache, page, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "new")
+    _run_kvcache(sq=1, b=1, h=32, hk=8, seqlen_cache=seqlen_cache, page=page)
+
+
+def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
+    require_gpu()
+    require_config(torch.bfloat16, 128)
+    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "newest")
+    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises((ValueError, RuntimeError)):
+        flash_attn_with_kvcache(q, kc, kc.clone())
