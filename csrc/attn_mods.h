@@ -35,12 +35,11 @@ __host__ __device__ __forceinline__ uint32_t mulhi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-template <int kRounds = 10>
-__host__ __device__ __forceinline__ uint4 philox4x32(uint4 ctr, uint32_t k0, uint32_t k1) {
+__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
     constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
     constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
+    for (int r = 0; r < 10; ++r) {
         const uint32_t hi0 = mulhi32(kM0, ctr.x), lo0 = kM0 * ctr.x;
         const uint32_t hi1 = mulhi32(kM1, ctr.z), lo1 = kM1 * ctr.z;
         ctr = make_uint4(hi1 ^ ctr.y ^ k0, lo1, hi0 ^ ctr.w ^ k1, lo0);
@@ -48,10 +47,6 @@ __host__ __device__ __forceinline__ uint4 philox4x32(uint4 ctr, uint32_t k0, uin
         k1 += kW1;
     }
     return ctr;
-}
-
-__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
-    return philox4x32<10>(ctr, k0, k1);
 }
 
 // The counter of the Philox call that covers element (row, col) (see the top of the file).
@@ -95,7 +90,6 @@ struct Dropout {
     uint32_t bh;
     uint32_t threshold;
     float rp;
-    int debug;  // TEMPORARY
 
     Dropout() = default;
     template <typename Params>
@@ -108,7 +102,6 @@ struct Dropout {
         base = offset / 4;
         bh = uint32_t(bidb * params.h + bidh);
         threshold = params.dropout_keep_threshold;
-        debug = ph.debug;
         rp = params.rp_dropout;
     }
 

@@ -27,7 +27,6 @@ struct PhiloxParams {
     const int64_t *seed_ptr, *offset_ptr;  // used when from_device
     uint64_t offset_extra;                 // added to *offset_ptr
     bool from_device;
-    int debug;  // TEMPORARY diagnostics (FLASH_ATTN_DROPOUT_DEBUG): 1 skip flag generation, 2 skip apply, 4 Philox-7
 };
 
 struct FwdParams : QKVParams {

@@ -194,10 +194,6 @@ void set_dropout_fwd(flash::FwdParams &p, double p_dropout, int64_t seqlen_k, co
         p.philox.offset = state.offset_.val;
     }
     p.rng_state_ptr = rng_state.data_ptr<int64_t>();
-    {
-        const char *dbg = std::getenv("FLASH_ATTN_DROPOUT_DEBUG");
-        p.philox.debug = dbg ? std::atoi(dbg) : 0;
-    }
     if (return_softmax) {
         p.s_dmask_ptr = s_dmask.data_ptr();
         p.s_dmask_batch_stride = s_dmask.stride(0);
@@ -222,8 +218,6 @@ void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<
     p.philox.from_device = true;
     p.philox.seed_ptr = rng_state.value().data_ptr<int64_t>();
     p.philox.offset_ptr = p.philox.seed_ptr + 1;
-    const char *dbg = std::getenv("FLASH_ATTN_DROPOUT_DEBUG");
-    p.philox.debug = dbg ? std::atoi(dbg) : 0;
 }
 
 

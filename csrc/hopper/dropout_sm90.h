@@ -68,8 +68,7 @@ __forceinline__ __device__ void dropout_fwd_generate(Dropout const &dropout, Ten
     for (int g = 0; g < 4; ++g) {
         const int row = row0 + get<0>(coords(4 * g));
         const int col = col0 - col0 % 128 + get<1>(coords(4 * g));  // (col / 8) % 4 == g
-        const uint4 ctr = dropout_counter(dropout.base, dropout.bh, row, col);
-        uint4 r = dropout.debug & 4 ? philox4x32<7>(ctr, dropout.k0, dropout.k1) : philox4x32<10>(ctr, dropout.k0, dropout.k1);
+        uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
         r = make_uint4(drop_flags(r.x), drop_flags(r.y), drop_flags(r.z), drop_flags(r.w));
         flags[g * kThreads + tidx] = r;
     }
@@ -96,46 +95,6 @@ __forceinline__ __device__ void dropout_fwd_apply(TensorP &rP, uint4 const *flag
     }
 }
 
-// Variant (TEMPORARY A/B, debug bit 8): the 16-bit pair masks are expanded at generation time
-// (off the critical path) and the apply is loads + ANDs. Two uint4 per group: words (0, 1) and (2, 3),
-// each word's (row r pair, row r + 8 pair) masks.
-template <int kThreads, typename TensorCoord>
-__forceinline__ __device__ void dropout_fwd_generate_masks(Dropout const &dropout, TensorCoord const &coords, int row0,
-                                                           int col0, uint4 *masks, int tidx) {
-    const DropFlags drop_flags(dropout.threshold);
-    CUTE_UNROLL
-    for (int g = 0; g < 4; ++g) {
-        const int row = row0 + get<0>(coords(4 * g));
-        const int col = col0 - col0 % 128 + get<1>(coords(4 * g));
-        const uint4 ctr = dropout_counter(dropout.base, dropout.bh, row, col);
-        uint4 r = dropout.debug & 4 ? philox4x32<7>(ctr, dropout.k0, dropout.k1) : philox4x32<10>(ctr, dropout.k0, dropout.k1);
-        r = make_uint4(drop_flags(r.x), drop_flags(r.y), drop_flags(r.z), drop_flags(r.w));
-        masks[(2 * g) * kThreads + tidx] = make_uint4(pair_drop_mask(r.x, 0, 1), pair_drop_mask(r.x, 2, 3),
-                                                      pair_drop_mask(r.y, 0, 1), pair_drop_mask(r.y, 2, 3));
-        masks[(2 * g + 1) * kThreads + tidx] = make_uint4(pair_drop_mask(r.z, 0, 1), pair_drop_mask(r.z, 2, 3),
-                                                          pair_drop_mask(r.w, 0, 1), pair_drop_mask(r.w, 2, 3));
-    }
-}
-
-template <int kBlockN, int kThreads, typename TensorP>
-__forceinline__ __device__ void dropout_fwd_apply_masks(TensorP &rP, uint4 const *masks, int col0, int tidx) {
-    static_assert(kBlockN == 64 || kBlockN == 128);
-    Tensor rP32 = recast<uint32_t>(rP);
-    const int half = kBlockN == 64 && col0 % 128 != 0 ? 1 : 0;
-    CUTE_UNROLL
-    for (int g = 0; g < 4; ++g) {
-        CUTE_UNROLL
-        for (int h = 0; h < kBlockN / 64; ++h) {
-            const uint4 m = masks[(2 * g + (kBlockN == 128 ? h : half)) * kThreads + tidx];
-            const int j0 = g + 8 * h;  // words 2h, 2h + 1 -> atoms j0, j0 + 4
-            rP32(2 * j0) &= ~m.x;
-            rP32(2 * j0 + 1) &= ~m.y;
-            rP32(2 * (j0 + 4)) &= ~m.z;
-            rP32(2 * (j0 + 4) + 1) &= ~m.w;
-        }
-    }
-}
-
 // ---- backward ---------------------------------------------------------------------------------
 
 // The backward's (kBlockM = 64 queries x kBlockN = 128 keys) tile has 512 groups
@@ -158,8 +117,7 @@ __forceinline__ __device__ void dropout_bwd_generate(Dropout const &dropout, uin
         const int c32 = g % 4, c4 = (g / 4) % 4, r8 = (g / 16) % 8, rb = g / 128;
         const int row = row0 + rb * 16 + r8;
         const int col = col0 + c32 * 8 + c4 * 2;
-        const uint4 ctr = dropout_counter(dropout.base, dropout.bh, row, col);
-        const uint4 r = dropout.debug & 4 ? philox4x32<7>(ctr, dropout.k0, dropout.k1) : philox4x32<10>(ctr, dropout.k0, dropout.k1);
+        const uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
         flags[DropoutBwdLayout::index(g, 0)] = drop_flags(r.x);
         flags[DropoutBwdLayout::index(g, 1)] = drop_flags(r.y);
         flags[DropoutBwdLayout::index(g, 2)] = drop_flags(r.z);

@@ -198,7 +198,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     constexpr int kDropFlagWords = Traits::kSmemDropoutFlagsPerStage / 4;
     auto make_drop_flags = [&](int m_block, int stage) {
         if constexpr (kFeat) {
-            if (is_dropout && !(dropout.debug & 1)) {
+            if (is_dropout) {
                 dropout_bwd_generate<kBlockM, kBlockN, Traits::kNThreads>(
                     dropout, smem_drop_flags + stage * kDropFlagWords, m_block * kBlockM, col0, tidx);
             }
@@ -262,7 +262,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         }
         // dV takes P * keep / (1 - p): the dropped elements are cleared here, 1 / (1 - p) is
         // applied to dV once at the end.
-        if (kFeat && is_dropout && !(dropout.debug & 2)) { dropout_bwd_apply_p<kBlockM>(rP, drop_flags_stage, coords_st); }
+        if (kFeat && is_dropout) { dropout_bwd_apply_p<kBlockM>(rP, drop_flags_stage, coords_st); }
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                  tdVrdOt(_, _, _, stage), acc_dv);
 
@@ -270,7 +270,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
         warpgroup_fence_operand(acc_dp);
         // out = (P * keep / (1 - p)) V: the dP seen by P is dP * keep / (1 - p).
-        if (kFeat && is_dropout && !(dropout.debug & 2)) { dropout_bwd_apply_dp<kBlockM>(acc_dp, drop_flags_stage, coords_st); }
+        if (kFeat && is_dropout) { dropout_bwd_apply_dp<kBlockM>(acc_dp, drop_flags_stage, coords_st); }
         const float dp_scale = kFeat && is_dropout ? dropout.rp : 1.f;
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL

@@ -173,26 +173,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     // pair to be visited (the walk goes down) generates both halves.
     auto generate_dropout = [&](int n_blk) {
         if constexpr (kFeat) {
-            if (is_dropout && !(dropout.debug & 1) && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
-                if (dropout.debug & 8) {
-                    dropout_fwd_generate_masks<Traits::kNThreads>(dropout, coords_s, row0, n_blk * kBlockN,
-                                                                  smem_drop_flags, tidx);
-                } else {
-                    dropout_fwd_generate<Traits::kNThreads>(dropout, coords_s, row0, n_blk * kBlockN,
-                                                            smem_drop_flags, tidx);
-                }
+            if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
+                dropout_fwd_generate<Traits::kNThreads>(dropout, coords_s, row0, n_blk * kBlockN,
+                                                        smem_drop_flags, tidx);
             }
         }
     };
     // Dropped elements leave the P V product (the row sums already hold every element).
     auto apply_dropout = [&](auto &rP_tile, int n_blk) {
         if constexpr (kFeat) {
-            if (is_dropout && !(dropout.debug & 2)) {
-                if (dropout.debug & 8) {
-                    dropout_fwd_apply_masks<kBlockN, Traits::kNThreads>(rP_tile, smem_drop_flags, n_blk * kBlockN, tidx);
-                } else {
-                    dropout_fwd_apply<kBlockN, Traits::kNThreads>(rP_tile, smem_drop_flags, n_blk * kBlockN, tidx);
-                }
+            if (is_dropout) {
+                dropout_fwd_apply<kBlockN, Traits::kNThreads>(rP_tile, smem_drop_flags, n_blk * kBlockN, tidx);
             }
         }
     };

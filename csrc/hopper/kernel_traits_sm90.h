@@ -52,7 +52,7 @@ struct FwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
     static_assert(cosize(SmemLayoutO{}) <= kSmemQElems);
     static constexpr int kSmemSize = (kSmemQElems + 2 * kSmemKVElems) * sizeof(Element);
     // The feature variant adds each thread's dropout flags of one 128-key block (4 x 16 bytes).
-    static constexpr int kSmemDropoutFlags = kNWarpgroups * 128 * 8 * 16;  // TEMPORARY x2 for the mask variant
+    static constexpr int kSmemDropoutFlags = kNWarpgroups * 128 * 4 * 16;
 };
 
 }  // namespace flash
