@@ -792,3 +792,45 @@ def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
     kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises((ValueError, RuntimeError)):
         flash_attn_with_kvcache(q, kc, kc.clone())
+
+
+# The sm_90a head-group decode kernel (FLASH_ATTN_DECODE_KERNEL=heads): one CTA reads a key's
+# K / V rows of 8 KV heads at once, so it runs only for h_k % 8 == 0 (else the binding falls back
+# to `new`). The split-KV cases again with 8 KV heads (same query heads per KV head as the
+# original case), the fallback as-is for a few, and head-group corners: two groups (h_k = 16),
+# odd cache lengths (cut last tiles), mostly empty splits, paged + leftpad + splits.
+def _with_8_kv_heads(kw):
+    kw = dict(kw)
+    g = kw.get("h", 8) // kw.get("hk", 2)
+    kw["hk"], kw["h"] = 8, 8 * g
+    return kw
+
+
+HEADS_DECODE_CASES = [(name, _with_8_kv_heads(kw)) for name, kw in KV_CASES if not name.startswith("prefill")] + [
+    ("fallback-hk2-causal-sq4", dict(sq=4, causal=True)),
+    ("fallback-mqa-split3", dict(sq=1, h=8, hk=1, num_splits=3)),
+    ("hk16-two-groups-paged16", dict(sq=1, page=16, h=32, hk=16, num_splits=3)),
+    ("hk16-g1-causal-sq3", dict(sq=3, h=16, hk=16, causal=True)),
+    ("odd-cache-length-split4", dict(sq=1, h=32, hk=8, seqlen_cache=16 * 37 + 1, new_kv=False, num_splits=4)),
+    ("splits64-mostly-empty", dict(sq=1, h=32, hk=8, seqlen_cache=200, num_splits=64)),
+    ("paged16-leftpad-split5", dict(sq=1, page=16, leftpad=True, num_splits=5, h=32, hk=8, seqlen_cache=1000)),
+    ("paged256-gqa-causal-sq4", dict(sq=4, page=256, h=32, hk=8, causal=True, seqlen_cache=3000)),
+    ("d64-paged16-gqa-fp16", dict(dtype=torch.float16, d=64, sq=1, page=16, h=32, hk=8)),
+    ("d64-leftpad-causal-sq4", dict(d=64, sq=4, leftpad=True, causal=True, h=16, hk=8)),
+    ("g8-rows32-two-row-blocks", dict(sq=4, h=64, hk=8, causal=True, seqlen_cache=500)),
+    ("fp16-d128-long-split-heuristic", dict(dtype=torch.float16, sq=1, b=2, h=32, hk=8, seqlen_cache=9000)),
+]
+
+
+@pytest.mark.parametrize("name, kw", HEADS_DECODE_CASES, ids=[c[0] for c in HEADS_DECODE_CASES])
+def test_kvcache_sm90_decode_heads_kernel(name, kw, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "heads")
+    _run_kvcache(**kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seqlen_cache", [32 * 1024, 128 * 1024 + 5])
+@pytest.mark.parametrize("page", [None, 16])
+def test_kvcache_sm90_decode_heads_long_context(seqlen_cache, page, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "heads")
+    _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, page=page)

@@ -1,0 +1,38 @@
+// Launch of the sm_90a head-group decode kernel (hopper/flash_fwd_decode_heads_sm90.h) and, for
+// num_splits > 1, the shared combine step. Only meaningful in a build that targets sm_90a
+// (FLASH_ATTN_SM90A); instantiated by instantiations/flash_fwd_split_heads_sm90_hdim*_*.cu,
+// dispatched from run_mha_fwd_splitkv_ when params.decode_heads.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "../flash.h"
+#include "../flash_fwd_splitkv_launch.h"  // the declaration of run_mha_fwd_decode_heads_sm90
+#include "../launch_check.h"
+#include "flash_fwd_decode_heads_sm90.h"
+
+namespace flash {
+
+template <typename Element, int kHeadDim>
+void run_mha_fwd_decode_heads_sm90(FwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90Decode<kHeadDim>);
+    using Traits = DecodeHeadsKernelTraitsSm90<kHeadDim, Element>;
+    static_assert(Traits::kGroup == kDecodeHeadsGroup, "the binding checks h_k against kDecodeHeadsGroup");
+    constexpr int smem_size = Traits::kSmemSize;
+    const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+    auto kernel = mod ? &flash_fwd_decode_heads_kernel_sm90<Traits, true>
+                      : &flash_fwd_decode_heads_kernel_sm90<Traits, false>;
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * (params.h_k / Traits::kGroup), num_m_blocks, params.num_splits);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+    if (params.num_splits > 1) {
+        const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
+        const dim3 grid_combine(static_cast<unsigned>((rows + 7) / 8));
+        flash_fwd_splitkv_combine_kernel<Element, kHeadDim><<<grid_combine, 256, 0, stream>>>(params);
+        FLASH_CHECK_LAUNCH();
+    }
+}
+
+}  // namespace flash
