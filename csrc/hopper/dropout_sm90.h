@@ -9,12 +9,9 @@
 //  - the bytes are compared with the threshold four at a time (drop_flags: three integer ops per
 //    word, the flag lands in bit 7 of each byte), and dropped elements are cleared in the packed
 //    16-bit P with one PRMT (sign-replicating those flags into 16-bit masks) and one AND per pair;
-//  - the Philox work never waits on the scores, and it is spread over the GEMM windows (the
-//    multiplies are the cost: measured, generation was 2/3 of the forward's dropout overhead
-//    when it all sat in the S GEMM window): the forward generates half of a tile's flags while
-//    its S GEMM runs and half while P V runs, parked in shared memory (no registers held across
-//    the softmax); the backward generates the next query block's flags half in the S / dP window
-//    and half in the dQ window.
+//  - the Philox work never waits on the scores: the forward generates a tile's flags while its
+//    S GEMM runs and parks them in shared memory (no registers held across the softmax); the
+//    backward generates the next query block's flags while the S / dP GEMMs run.
 //  The forward's accumulator (query rows, key columns) gives each thread whole groups. The
 //  backward's transposed tiles (key rows, query columns) do not, so its CTA generates groups
 //  cooperatively and every thread then loads the 16 words it needs from shared memory.
@@ -63,13 +60,12 @@ __forceinline__ __device__ uint32_t pair_drop_mask(uint32_t flags, int e0, int e
 // one Philox call (four words) per group g = (col / 8) % 4, stored at flags[g * kThreads + tidx]
 // (16-byte stores, each thread reads back only its own). coords: the tile's wgmma accumulator
 // coordinates ((2, 2, N/8), 1, 1) -> (query row, key column).
-// Groups [kGroupBegin, kGroupEnd) only: the kernel spreads the calls over its GEMM windows.
-template <int kThreads, int kGroupBegin, int kGroupEnd, typename TensorCoord>
+template <int kThreads, typename TensorCoord>
 __forceinline__ __device__ void dropout_fwd_generate(Dropout const &dropout, TensorCoord const &coords, int row0,
                                                      int col0, uint4 *flags, int tidx) {
     const DropFlags drop_flags(dropout.threshold);
     CUTE_UNROLL
-    for (int g = kGroupBegin; g < kGroupEnd; ++g) {
+    for (int g = 0; g < 4; ++g) {
         const int row = row0 + get<0>(coords(4 * g));
         const int col = col0 - col0 % 128 + get<1>(coords(4 * g));  // (col / 8) % 4 == g
         uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
@@ -110,16 +106,13 @@ struct DropoutBwdLayout {
     __device__ static int index(int g, int w) { return w * kGroups + (g ^ ((g >> 5) & 3)); }
 };
 
-// Rounds [kRoundBegin, kRoundEnd) of kGroups / kThreads (one group per thread per round): the
-// kernel spreads them over its GEMM windows.
-template <int kBlockM, int kBlockN, int kThreads, int kRoundBegin, int kRoundEnd>
+template <int kBlockM, int kBlockN, int kThreads>
 __forceinline__ __device__ void dropout_bwd_generate(Dropout const &dropout, uint32_t *flags, int row0, int col0,
                                                      int tidx) {
-    static_assert(kBlockM == 64 && kBlockN == 128 && DropoutBwdLayout::kGroups % kThreads == 0);
-    static_assert(kRoundEnd <= DropoutBwdLayout::kGroups / kThreads);
     const DropFlags drop_flags(dropout.threshold);
+    static_assert(kBlockM == 64 && kBlockN == 128 && DropoutBwdLayout::kGroups % kThreads == 0);
     CUTE_UNROLL
-    for (int gi = kRoundBegin; gi < kRoundEnd; ++gi) {
+    for (int gi = 0; gi < DropoutBwdLayout::kGroups / kThreads; ++gi) {
         const int g = tidx + gi * kThreads;
         const int c32 = g % 4, c4 = (g / 4) % 4, r8 = (g / 16) % 8, rb = g / 128;
         const int row = row0 + rb * 16 + r8;

@@ -196,16 +196,15 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     const bool is_dropout = kFeat && params.p_dropout > 0.f;
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
     constexpr int kDropFlagWords = Traits::kSmemDropoutFlagsPerStage / 4;
-    auto make_drop_flags = [&](int m_block, int stage, auto round_begin, auto round_end) {
+    auto make_drop_flags = [&](int m_block, int stage) {
         if constexpr (kFeat) {
             if (is_dropout) {
-                dropout_bwd_generate<kBlockM, kBlockN, Traits::kNThreads, decltype(round_begin)::value,
-                                     decltype(round_end)::value>(
+                dropout_bwd_generate<kBlockM, kBlockN, Traits::kNThreads>(
                     dropout, smem_drop_flags + stage * kDropFlagWords, m_block * kBlockM, col0, tidx);
             }
         }
     };
-    make_drop_flags(m_block_min, 0, _0{}, _2{});
+    make_drop_flags(m_block_min, 0);
 
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int stage = (m_block - m_block_min) & 1;
@@ -218,7 +217,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
-        if (m_block + 1 < m_block_max) { make_drop_flags(m_block + 1, stage ^ 1, _0{}, _1{}); }  // S, dP window
+        if (m_block + 1 < m_block_max) { make_drop_flags(m_block + 1, stage ^ 1); }  // overlaps the GEMMs
         const uint32_t *drop_flags_stage = smem_drop_flags + stage * kDropFlagWords;
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
@@ -310,10 +309,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         cutlass::arch::fence_view_async_shared();
         __syncthreads();
         Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrdS, tdQrKt, acc_dq);
-        if (m_block + 1 < m_block_max) { make_drop_flags(m_block + 1, stage ^ 1, _1{}, _2{}); }  // dQ window
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_dq);
+        wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrdS, tdQrKt, acc_dq);
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
 

@@ -171,11 +171,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     // Dropout flags of tile n_blk, generated while its S GEMM runs (they do not depend on the
     // scores). A 64-key tile shares its 128-key Philox groups with its neighbour: the first of the
     // pair to be visited (the walk goes down) generates both halves.
-    auto generate_dropout = [&](int n_blk, auto group_begin, auto group_end) {
+    auto generate_dropout = [&](int n_blk) {
         if constexpr (kFeat) {
             if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
-                dropout_fwd_generate<Traits::kNThreads, decltype(group_begin)::value, decltype(group_end)::value>(
-                    dropout, coords_s, row0, n_blk * kBlockN, smem_drop_flags, tidx);
+                dropout_fwd_generate<Traits::kNThreads>(dropout, coords_s, row0, n_blk * kBlockN,
+                                                        smem_drop_flags, tidx);
             }
         }
     };
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
 
     Tensor acc_s = new_acc_s();
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, 0), acc_s);
-    generate_dropout(n_block, _0{}, _4{});
+    generate_dropout(n_block);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN); }
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         if (t + 1 < n_blocks) { load_K(n_block - 1, stage ^ 1); }
         load_V(n_block, stage);
         cp_async_fence();
-        generate_dropout(n_block, _0{}, _2{});  // while S_t runs
+        generate_dropout(n_block);
         warpgroup_wait<1>();  // S_t ready; P_{t-1} V[t-1] may still run
         warpgroup_fence_operand(acc_s_next);
         if constexpr (kFeat) { score_mod.apply(acc_s_next, coords_s, row0, n_block * kBlockN); }
@@ -240,7 +240,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
             mask.apply(acc_s_next, coords_s, row0, n_block * kBlockN);
         }
         auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
-        generate_dropout(n_block, _2{}, _4{});  // while P_{t-1} V[t-1] runs
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         softmax.rescale_o(acc_o, rescale);
