@@ -116,8 +116,6 @@ def _extensions():
             if "90" in archs and d in (64, 128):
                 # The sm_90a bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h).
                 sources.append(f"csrc/instantiations/flash_fwd_split_sm90_hdim{d}_{dt}.cu")
-                # Its head-group variant (hopper/flash_fwd_decode_heads_sm90.h).
-                sources.append(f"csrc/instantiations/flash_fwd_split_heads_sm90_hdim{d}_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

@@ -99,18 +99,11 @@ struct FwdParams : QKVParams {
     // Split-KV on sm_90a: run the bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h) instead
     // of the SM80-class one; set by the binding (FLASH_ATTN_DECODE_KERNEL) where it applies.
     bool decode_sm90;
-    // With decode_sm90: run the head-group variant (hopper/flash_fwd_decode_heads_sm90.h, one CTA
-    // per kDecodeHeadsGroup KV heads) instead; the binding sets it only where its layout
-    // conditions hold (h_k a multiple of the group, head stride == d).
-    bool decode_heads;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).
     int total_q;
 };
-
-// KV heads one CTA of the head-group decode kernel reads together (its consumer warps).
-constexpr int kDecodeHeadsGroup = 8;
 
 inline bool has_features(const FwdParams &p) {
     return p.softcap_scale > 0.f || p.alibi_slopes_ptr != nullptr || p.p_dropout > 0.f;

@@ -718,66 +718,28 @@ int splitkv_heuristic_sm90(int ctas, int sms, int64_t max_seqlen_k) {
     return static_cast<int>(max_splits);
 }
 
-// Split count for the head-group sm_90a decode kernel (FLASH_ATTN_DECODE_KERNEL=heads): one
-// 9-warp CTA per SM (~200 KB of shared memory), each CTA streaming keys_per_split * bytes_per_key
-// bytes (bytes_per_key: K + V of the CTA's 8 heads, 4 KB at d = 128). `ctas` (b * h_k / 8 * row
-// blocks) is small -- 16 at b16, 4 at b4 -- so splits alone set the occupancy, and a CTA count
-// just over a multiple of the SM count costs a nearly empty extra wave (e.g. 16 * 16 = 256 CTAs
-// on 132 SMs is 1.94 waves: the second wave runs 124 CTAs while 8 SMs idle). Bandwidth-bound
-// cost model: time ~ waves(s) * (keys per split * bytes_per_key + kCtaCostBytes), the fixed cost
-// of a CTA (launch, filling the 3-stage ring, the partial store) counted as ~128 KB of streaming
-// (~4 us at the ~33 GB/s one SM gets of the H200's bandwidth). The smallest s within 2% of the
-// best wins (fewer partials to write and combine). Splits keep >= 64 keys (256 KB), at most 128.
-// bf16 d128, 8 KV heads, 132 SMs: b16 4k -> 8 (128 CTAs, 512 keys each), b16 32k -> 8,
-// b4 128k -> 33 (132 CTAs: exactly one wave; 32 would leave 4 SMs idle for the whole run).
-int splitkv_heuristic_heads(int ctas, int sms, int64_t max_seqlen_k, int64_t bytes_per_key) {
-    constexpr int64_t kCtaCostBytes = 128 * 1024;
-    const int64_t max_splits = std::min<int64_t>(128, std::max<int64_t>(1, max_seqlen_k / 64));
-    auto cost = [&](int64_t s) {
-        const int64_t waves = (int64_t(ctas) * s + sms - 1) / sms;
-        return waves * (((max_seqlen_k + s - 1) / s) * bytes_per_key + kCtaCostBytes);
-    };
-    int64_t best = cost(1);
-    for (int64_t s = 2; s <= max_splits; ++s) best = std::min(best, cost(s));
-    for (int64_t s = 1; s < max_splits; ++s) {
-        if (cost(s) * 100 <= best * 102) return static_cast<int>(s);
-    }
-    return static_cast<int>(max_splits);
-}
+// FLASH_ATTN_DECODE_KERNEL=old|new, read at each call so that one process can time both: which
+// kernel runs the split-KV calls (decode, paged KV cache) on an sm_90 device, the sm_90a
+// bulk-copy one (new; head dims 64 and 128) or the SM80-class one (old). Unset: the default below.
+constexpr bool kDecodeKernelNewByDefault = false;
 
-// FLASH_ATTN_DECODE_KERNEL=old|new|heads, read at each call so that one process can time all
-// three: which kernel runs the split-KV calls (decode, paged KV cache) on an sm_90 device: the
-// SM80-class one (old), the sm_90a per-head bulk-copy one (new; head dims 64 and 128), or its
-// head-group variant (heads; where its layout conditions fail, `new` runs). Unset: the default.
-enum class DecodeKernel { kOld, kNew, kHeads };
-constexpr DecodeKernel kDecodeKernelDefault = DecodeKernel::kOld;
-
-DecodeKernel decode_kernel_choice() {
+bool decode_kernel_new() {
     const char *env = std::getenv("FLASH_ATTN_DECODE_KERNEL");
-    if (env == nullptr || env[0] == '\0') return kDecodeKernelDefault;
+    if (env == nullptr || env[0] == '\0') return kDecodeKernelNewByDefault;
     const std::string choice(env);
-    FLASH_CHECK(choice == "old" || choice == "new" || choice == "heads",
-                "flash_attn: FLASH_ATTN_DECODE_KERNEL must be 'old', 'new' or 'heads', got '", choice, "'");
-    return choice == "old" ? DecodeKernel::kOld : choice == "new" ? DecodeKernel::kNew : DecodeKernel::kHeads;
+    FLASH_CHECK(choice == "old" || choice == "new", "flash_attn: FLASH_ATTN_DECODE_KERNEL must be 'old' or 'new', got '",
+                choice, "'");
+    return choice == "new";
 }
 
-// Whether a split-KV call runs an sm_90a decode kernel (see run_mha_fwd_splitkv_).
-bool use_sm90_decode(const flash::FwdParams &p, DecodeKernel choice) {
+// Whether a split-KV call runs the sm_90a decode kernel (see run_mha_fwd_splitkv_).
+bool use_sm90_decode(const flash::FwdParams &p) {
 #ifdef FLASH_ATTN_SM90A
-    return p.use_sm90 && (p.d == 64 || p.d == 128) && choice != DecodeKernel::kOld;
+    return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new();
 #else
-    (void)p, (void)choice;
+    (void)p;
     return false;
 #endif
-}
-
-// Whether the head-group kernel can read this cache: it copies the rows of kDecodeHeadsGroup
-// consecutive KV heads of a key as one run of group * d elements, so the heads must be adjacent
-// (head stride == d) and h_k a multiple of the group. Row / page / batch strides and the base
-// pointers are 16-byte aligned already (mha_fwd_kvcache rejects other caches).
-bool use_decode_heads(const flash::FwdParams &p, DecodeKernel choice) {
-    return p.decode_sm90 && choice == DecodeKernel::kHeads && p.h_k % flash::kDecodeHeadsGroup == 0 &&
-           p.k_head_stride == p.d && p.v_head_stride == p.d;
 }
 
 std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
@@ -864,21 +826,12 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
-        const DecodeKernel choice = decode_kernel_choice();
-        params.decode_sm90 = use_sm90_decode(params, choice);
-        params.decode_heads = use_decode_heads(params, choice);
+        params.decode_sm90 = use_sm90_decode(params);
+        const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {
-            const int sms = num_sms(q.get_device());
-            if (params.decode_heads) {
-                const int ctas = static_cast<int>(b * (h_k / flash::kDecodeHeadsGroup)) * m_blocks;
-                const int64_t bytes_per_key = 2 * flash::kDecodeHeadsGroup * d * q.element_size();
-                splits = splitkv_heuristic_heads(ctas, sms, seqlen_k, bytes_per_key);
-            } else {
-                const int ctas = static_cast<int>(b * h_k) * m_blocks;
-                splits = params.decode_sm90 ? splitkv_heuristic_sm90(ctas, sms, seqlen_k)
-                                            : splitkv_heuristic(ctas, sms, seqlen_k, paged);
-            }
+            splits = params.decode_sm90 ? splitkv_heuristic_sm90(ctas, num_sms(q.get_device()), seqlen_k)
+                                        : splitkv_heuristic(ctas, num_sms(q.get_device()), seqlen_k, paged);
         }
         splits = std::min(splits, 128);
         params.num_splits = splits;

@@ -17,11 +17,6 @@ template <int kHeadDim>
 constexpr bool kHasSm90Decode = kHeadDim == 64 || kHeadDim == 128;
 template <typename Element, int kHeadDim>
 void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream);
-// The head-group variant (hopper/flash_fwd_decode_heads_sm90.h): one CTA reads the K/V rows of
-// kDecodeHeadsGroup consecutive KV heads per key (one bulk copy); its own TUs
-// (instantiations/flash_fwd_split_heads_sm90_hdim*_*.cu).
-template <typename Element, int kHeadDim>
-void run_mha_fwd_decode_heads_sm90(FwdParams &params, cudaStream_t stream);
 #endif
 
 template <typename Element, int kHeadDim>
@@ -31,11 +26,7 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
     // kernel needs d to fill the tile (no zero columns to pad).
     if constexpr (kHasSm90Decode<kHeadDim>) {
         if (params.decode_sm90 && params.d == kHeadDim) {
-            if (params.decode_heads) {
-                run_mha_fwd_decode_heads_sm90<Element, kHeadDim>(params, stream);
-            } else {
-                run_mha_fwd_decode_sm90<Element, kHeadDim>(params, stream);
-            }
+            run_mha_fwd_decode_sm90<Element, kHeadDim>(params, stream);
             return;
         }
     }

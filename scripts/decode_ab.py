@@ -1,27 +1,18 @@
 #!/usr/bin/env python
-"""A/B of the split-KV decode kernels on one GPU (meant for the H200; a minute or two).
+"""A/B of the split-KV decode kernels on one GPU (meant for the H200; about a minute).
 
     python scripts/decode_ab.py [--rep MS] [--warmup MS] [--no-sweep] [--configs 0,1,2]
-                                [--kernels old,new,heads]
 
 FLASH_ATTN_DECODE_KERNEL (read by the binding at each call) picks the kernel: "old" is the
-SM80-class cp.async kernel, "new" the sm_90a per-head bulk-copy one (head dims 64 / 128 on
-sm_90), "heads" its head-group variant (one CTA per 8 KV heads, one 2 KB bulk copy per key row;
-falls back to "new" unless h_k % 8 == 0 and the cache's head stride is d).
+SM80-class cp.async kernel, "new" the sm_90a bulk-copy one (head dims 64 / 128 on sm_90).
 
-With $OUT set, everything printed also goes to $OUT/decode_ab.log.
-
-1. Correctness: each kernel against a naive fp32 reference (max |err| / max |ref|, NaN check) on
+1. Correctness: old and new against a naive fp32 reference (max |err| / max |ref|, NaN check) on
    each timed shape (fresh random cache, cache_seqlens a little short of the cache so the tail
    tile is cut), plus small cases: GQA causal seqlen_q = 4 (contiguous and paged), leftpad +
-   seqused (contiguous and paged), softcap, fp16 d = 64, many (partly empty) splits. Cases whose
-   (dtype, head-dim tile) this build lacks are skipped, not failed (a FLASH_ATTN_HEAD_DIMS=128
-   FLASH_ATTN_DTYPES=bf16 build has no fp16 d64 kernels: the "4 failed" of an earlier run).
-   Failures are listed again, one line each, at the end.
+   seqused (contiguous and paged), softcap, fp16 d = 64, many (partly empty) splits.
 2. Timing: bf16, d = 128, 32 query / 8 KV heads, seqlen_q = 1; batch 16 at 4k and 32k keys,
-   batch 4 at 128k; contiguous and paged (page 16; pages 64 and 256 on the 32k shape). Each
-   kernel with its split heuristic (num_splits = 0) and a sweep of explicit splits (old 1..8, new
-   1..32, heads 4..64 incl. 33 = 132 / 4), and PyTorch SDPA
+   batch 4 at 128k; contiguous and paged (page 16; pages 64 and 256 on the 32k shape). Old and
+   new with the split heuristic (num_splits = 0), new with explicit splits 1..32, and PyTorch SDPA
    flash / cuDNN on the contiguous shapes. Median of triton.testing.do_bench (L2 flushed before
    each call), two cache copies rotated. GB/s = bytes of K and V (GQA-sized) / time.
 
@@ -37,24 +28,8 @@ import torch
 H, HK, D = 32, 8, 128
 CONFIGS = [(16, 4096), (16, 32768), (4, 131072)]  # (batch, seqlen_k)
 EXTRA_PAGES = {1: (64, 256)}  # config index -> more page sizes timed once
-SPLIT_SWEEP = {"old": (1, 2, 4, 8), "new": (1, 2, 4, 8, 16, 32), "heads": (4, 8, 16, 32, 33, 64)}
-KERNELS = ("old", "new", "heads")
+SPLIT_SWEEP = (1, 2, 4, 8, 16, 32)
 REL_TOL = 2e-2  # max |out - ref| / max |ref|, bf16 output
-
-
-class Tee:
-    """Writes to the terminal and to a log file ($OUT/decode_ab.log)."""
-
-    def __init__(self, stream, file):
-        self.stream, self.file = stream, file
-
-    def write(self, text):
-        self.stream.write(text)
-        self.file.write(text)
-
-    def flush(self):
-        self.stream.flush()
-        self.file.flush()
 
 
 def set_kernel(name):
@@ -108,31 +83,26 @@ def rel_err(out, ref):
     return ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
 
 
-def check(results, label, run, ref, kernels):
-    """results: list of (kernel, label, None if ok else a one-line reason)."""
-    for kernel in kernels:
+def check(results, label, run, ref):
+    for kernel in ("old", "new"):
         set_kernel(kernel)
         try:
             err = rel_err(run(), ref)
             ok = err == err and err <= REL_TOL
-            results.append((kernel, label, None if ok else "rel err %.2e (tol %.0e)" % (err, REL_TOL)))
-            print("  %-44s %-5s rel err %.2e %s" % (label, kernel, err, "ok" if ok else "FAIL"), flush=True)
+            results.append(ok)
+            print("  %-44s %-3s rel err %.2e %s" % (label, kernel, err, "ok" if ok else "FAIL"), flush=True)
         except Exception as e:  # noqa: BLE001
-            msg = "ERROR " + (str(e).splitlines()[0][:160] if str(e) else type(e).__name__)
-            results.append((kernel, label, msg))
-            print("  %-44s %-5s %s" % (label, kernel, msg), flush=True)
+            results.append(False)
+            print("  %-44s %-3s ERROR %s" % (label, kernel, str(e).splitlines()[0][:120]), flush=True)
 
 
-def small_checks(fa, results, kernels, built):
+def small_checks(fa, results):
     dev = "cuda"
     torch.manual_seed(1)
-    print("Small cases (%s vs fp32 reference):" % " / ".join(kernels))
+    print("Small cases (old / new vs fp32 reference):")
 
     def case(label, b=3, sq=1, s=1000, h=H, hk=HK, d=D, dtype=torch.bfloat16, page=None, leftpad=False,
              causal=False, softcap=0.0, num_splits=0):
-        if not built(dtype, d):
-            print("  %-44s skipped: this build has no %s d%d kernels" % (label, dtype, d), flush=True)
-            return
         try:
             q = torch.randn(b, sq, h, d, device=dev, dtype=dtype) * 2
             k = torch.randn(b, s, hk, d, device=dev, dtype=dtype)
@@ -146,9 +116,9 @@ def small_checks(fa, results, kernels, built):
             kc, vc, table = (k, v, None) if page is None else paged_from_dense(k, v, page)
             run = lambda: fa(q, kc, vc, cache_seqlens=seqused, cache_leftpad=lp, block_table=table,  # noqa: E731
                              causal=causal, softcap=softcap, num_splits=num_splits)
-            check(results, label, run, ref, kernels)
+            check(results, label, run, ref)
         except Exception as e:  # noqa: BLE001
-            results.append(("setup", label, "ERROR %s" % str(e).splitlines()[0][:160]))
+            results.append(False)
             print("  %-44s setup ERROR %s" % (label, e), flush=True)
 
     case("gqa causal sq=4", sq=4, causal=True)
@@ -162,12 +132,6 @@ def small_checks(fa, results, kernels, built):
     case("fp16 d64 splits=5", dtype=torch.float16, d=64, num_splits=5)
     case("s=300 splits=64 (empty splits)", s=300, num_splits=64)
     case("mha h=hk=8 sq=1 s=77", h=8, hk=8, s=77)
-    # Head-group kernel corners: two head groups (h_k = 16), a tail tile cut after its first key
-    # (s = 16 k + 1), ALiBi-free softcap + paged + splits, MQA (h_k = 1: heads falls back to new).
-    case("hk=16 g=2 paged16 splits=7", h=32, hk=16, page=16, num_splits=7)
-    case("s=1041 (tail tile of 1 key) splits=4", s=1041, num_splits=4)
-    case("softcap 30 paged32 leftpad splits=3", softcap=30.0, page=32, leftpad=True, num_splits=3)
-    case("mqa hk=1 (heads -> new fallback)", h=8, hk=1)
 
 
 def make_bench(rep, warmup):
@@ -203,16 +167,6 @@ def rotating(fns):
     return run
 
 
-def heuristic_heads(ctas, sms, s, bytes_per_key=2 * 8 * D * 2):
-    """Python copy of splitkv_heuristic_heads (csrc/flash_api.cpp), for the table."""
-    max_splits = min(128, max(1, s // 64))
-
-    def cost(n):
-        return ((ctas * n + sms - 1) // sms) * (((s + n - 1) // n) * bytes_per_key + 128 * 1024)
-    best = min(cost(n) for n in range(1, max_splits + 1))
-    return next((n for n in range(1, max_splits) if cost(n) * 100 <= best * 102), max_splits)
-
-
 def heuristic_new(ctas, sms, s):
     """Python copy of splitkv_heuristic_sm90 (csrc/flash_api.cpp), for the table."""
     max_splits = min(128, max(1, s // 128))
@@ -229,9 +183,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=15, help="do_bench warmup ms (default 15)")
     ap.add_argument("--no-sweep", action="store_true", help="skip the explicit split sweep")
     ap.add_argument("--configs", default="0,1,2", help="indices into %s" % (CONFIGS,))
-    ap.add_argument("--kernels", default=",".join(KERNELS), help="FLASH_ATTN_DECODE_KERNEL values to run")
     args = ap.parse_args()
-    kernels = [k for k in args.kernels.split(",") if k]
 
     from flash_attn import flash_attn_with_kvcache as fa
     import flash_attn._C as C  # noqa: N812
@@ -242,13 +194,8 @@ def main():
     print("%s, %d SMs, torch %s, sm90 kernels built: %s" % (props.name, sms, torch.__version__,
                                                             C.sm90_kernels_built()))
     bench, timer = make_bench(args.rep, args.warmup)
-    built_configs = {tuple(c) for c in C.built_configs()}
-
-    def built(dtype, d):
-        return ("bf16" if dtype == torch.bfloat16 else "fp16", int(C.head_dim_tile(d))) in built_configs
-    print("built (dtype, head-dim tile): %s" % sorted(built_configs))
     results = []
-    small_checks(fa, results, kernels, built)
+    small_checks(fa, results)
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa_backends = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -287,7 +234,7 @@ def main():
             if ref is not None:
                 qq, kc, vc, table = caches[0]
                 check(results, "b%d s%d %s" % (batch, s, layout),
-                      lambda: fa(qq, kc, vc, cache_seqlens=short, block_table=table), ref, kernels)
+                      lambda: fa(qq, kc, vc, cache_seqlens=short, block_table=table), ref)
             cells = {}
 
             def time_ours(kernel, splits, caches):
@@ -297,8 +244,7 @@ def main():
                 with torch.no_grad():
                     return bench(rotating(fns))
 
-            variants = [(k, 0) for k in kernels] + \
-                ([] if args.no_sweep else [(k, n) for k in kernels for n in SPLIT_SWEEP[k]])
+            variants = [("old", 0), ("new", 0)] + ([] if args.no_sweep else [("new", n) for n in SPLIT_SWEEP])
             for kernel, splits in variants:
                 name = "%s_s%s" % (kernel, splits if splits else "h")
                 try:
@@ -343,24 +289,16 @@ def main():
         torch.cuda.empty_cache()
 
     # ---- summary table ----
-    # Per kernel: its split heuristic (_sh) and the best of its sweep (split count in brackets).
-    print("\nGB/s (%s). <k>_sh: kernel k with its split heuristic; <k>_best: best of its split sweep "
-          "[splits]; SDPA = max(flash, cuDNN) of the contiguous shape; pg/ct: paged / contiguous of the "
-          "same kernel (heuristic)" % timer)
-    cols = [k + "_sh" for k in kernels] + ([] if args.no_sweep else [k + "_best" for k in kernels]) + \
+    cols = ["old_sh", "new_sh"] + ([] if args.no_sweep else ["new_s%d" % n for n in SPLIT_SWEEP]) + \
         ["sdpa_flash", "sdpa_cudnn"]
-    ratios = ["%s/SDPA" % k for k in kernels] + ["%s pg/ct" % k for k in kernels]
-    hdr = "%-5s %-7s %-7s |" % ("batch", "seqlen", "layout") + \
-        "".join(" %12s" % c.replace("sdpa_", "") for c in cols) + " |" + "".join(" %11s" % r for r in ratios)
+    print("\nGB/s (%s); old_sh/new_sh: split heuristic (new's pick in brackets); best SDPA = max(flash, cuDNN) "
+          "of the contiguous shape" % timer)
+    hdr = "%-5s %-7s %-7s |" % ("batch", "seqlen", "layout") + "".join(" %7s" % c.replace("sdpa_", "") for c in cols) + \
+        " | %7s %8s %8s" % ("new/old", "new/SDPA", "pg/contig")
     print(hdr)
     print("-" * len(hdr))
     contig = {}
     for batch, s, layout, cells in rows:
-        for k in kernels:
-            sweep = [(v, int(name[len(k) + 2:])) for name, v in cells.items()
-                     if name.startswith(k + "_s") and name[len(k) + 2:].isdigit()]
-            if sweep:
-                cells[k + "_best"], cells[k + "_best_mark"] = max(sweep)[0], "[%d]" % max(sweep)[1]
         if layout == "contig":
             contig[(batch, s)] = cells
         base = contig.get((batch, s), {})
@@ -368,30 +306,21 @@ def main():
         line = "%-5d %-7d %-7s |" % (batch, s, layout)
         for c in cols:
             v = cells.get(c)
-            line += " %12s" % (("%.0f" % v + cells.get(c + "_mark", "")) if v else "-")
-        line += " |"
-        for k in kernels:
-            v = cells.get(k + "_sh")
-            line += " %11s" % ("%.3f" % (v / best_sdpa) if v and best_sdpa else "-")
-        for k in kernels:
-            v, c = cells.get(k + "_sh"), base.get(k + "_sh")
-            line += " %11s" % ("%.3f" % (v / c) if v and c and layout != "contig" else "-")
-        line += "  [heuristic splits: new %d, heads %d]" % (heuristic_new(batch * HK, sms, s),
-                                                          heuristic_heads(batch * HK // 8, sms, s))
+            line += " %7s" % (("%.0f" % v + cells.get(c + "_mark", "")) if v else "-")
+        new, old = cells.get("new_sh"), cells.get("old_sh")
+        line += " | %7s %8s %8s" % (
+            "%.3f" % (new / old) if new and old else "-",
+            "%.3f" % (new / best_sdpa) if new and best_sdpa else "-",
+            "%.3f" % (new / base["new_sh"]) if new and base.get("new_sh") and layout != "contig" else "-")
+        line += "  [h=%d]" % heuristic_new(batch * HK, sms, s)
         print(line)
-    failed = [r for r in results if r[2] is not None]
-    print("\ncorrectness: %d checks, %d failed" % (len(results), len(failed)))
-    for kernel, label, why in failed:
-        print("  FAILED %-6s %-44s %s" % (kernel, label, why))
+    n_bad = results.count(False)
+    print("\ncorrectness: %d checks, %d failed" % (len(results), n_bad))
     print("* SDPA read K/V repeated to %d heads (enable_gqa refused): 4x the counted bytes" % H)
-    return 1 if failed else 0
+    return 1 if n_bad else 0
 
 
 if __name__ == "__main__":
-    if os.environ.get("OUT"):
-        os.makedirs(os.environ["OUT"], exist_ok=True)
-        log = open(os.path.join(os.environ["OUT"], "decode_ab.log"), "w")
-        sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
     try:
         sys.exit(main())
     except Exception:  # noqa: BLE001
