@@ -720,12 +720,14 @@ int splitkv_heuristic_sm90(int ctas, int sms, int64_t max_seqlen_k) {
 
 // FLASH_ATTN_DECODE_KERNEL=old|new, read at each call so that one process can time both: which
 // kernel runs the split-KV calls (decode, paged KV cache) on an sm_90 device, the sm_90a
-// bulk-copy one (new; head dims 64 and 128) or the SM80-class one (old). Unset: the default below.
-constexpr bool kDecodeKernelNewByDefault = false;
-
-bool decode_kernel_new() {
+// bulk-copy one (new; head dims 64 and 128) or the SM80-class one (old). Unset: new for paged
+// caches, old for contiguous ones. H200, bf16 d128, 32 q / 8 kv heads, 1 token, b16 4k / b16 32k /
+// b4 128k (docs/results/decode_ab_h200.log), GB/s: contiguous old 3416 / 4339 / 4296, new
+// 3376 / 4193 / 4140; page 16 old 2837 / 3321 / 3297, new 3290 / 4204 / 4158 (a row costs the
+// same paged or not when one bulk copy moves it).
+bool decode_kernel_new(bool paged) {
     const char *env = std::getenv("FLASH_ATTN_DECODE_KERNEL");
-    if (env == nullptr || env[0] == '\0') return kDecodeKernelNewByDefault;
+    if (env == nullptr || env[0] == '\0') return paged;
     const std::string choice(env);
     FLASH_CHECK(choice == "old" || choice == "new", "flash_attn: FLASH_ATTN_DECODE_KERNEL must be 'old' or 'new', got '",
                 choice, "'");
@@ -733,11 +735,12 @@ bool decode_kernel_new() {
 }
 
 // Whether a split-KV call runs the sm_90a decode kernel (see run_mha_fwd_splitkv_).
-bool use_sm90_decode(const flash::FwdParams &p) {
+bool use_sm90_decode(const flash::FwdParams &p, bool paged) {
 #ifdef FLASH_ATTN_SM90A
-    return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new();
+    return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new(paged);
 #else
     (void)p;
+    (void)paged;
     return false;
 #endif
 }
@@ -826,7 +829,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
-        params.decode_sm90 = use_sm90_decode(params);
+        params.decode_sm90 = use_sm90_decode(params, paged);
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {
