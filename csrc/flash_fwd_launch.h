@@ -44,9 +44,7 @@ void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
     } else if constexpr (kHeadDim <= 128) {
         launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 4, Element>, kFeat>(params, stream);
     } else {
-        // The feature variant with 64-key tiles spills (84 B at d256) and ran every feature at
-        // ~1.5x the plain time on the H200; 32-key tiles free the 16 accumulator registers.
-        launch_fwd<FwdKernelTraits<kHeadDim, 128, kFeat ? 32 : 64, 8, Element>, kFeat>(params, stream);
+        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 8, Element>, kFeat>(params, stream);
     }
 }
 
