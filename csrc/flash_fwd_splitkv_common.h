@@ -15,6 +15,27 @@ namespace flash {
 
 using namespace cute;
 
+// Per-row state of this thread's kNRows packed rows (p0 + the row of coords_s_rc(mi, 0)): the
+// query index (for the causal / window mask; -1 past the end) and, with kMod, the ALiBi slope of
+// the row's query head as -slope / scale_softmax (as ScoreMod: the bias is added before scaling).
+template <bool kMod, int kNRows, typename TensorC>
+__forceinline__ __device__ void splitkv_row_state(const FwdParams &params, TensorC const &coords_s_rc, int p0,
+                                                  int packed_rows, int g, int bidb, int bidh_k, int (&row_q)[kNRows],
+                                                  float (&alibi_slope)[kNRows]) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+        const int p = p0 + get<0>(coords_s_rc(mi, 0));
+        row_q[mi] = p < packed_rows ? p / g : -1;
+        if constexpr (kMod) {
+            const int head = bidh_k * g + p % g;
+            alibi_slope[mi] = params.alibi_slopes_ptr == nullptr || p >= packed_rows
+                                  ? 0.f
+                                  : -params.alibi_slopes_ptr[bidb * params.alibi_slopes_batch_stride + head] /
+                                        params.scale_softmax;
+        }
+    }
+}
+
 // Softcap and ALiBi (kMod only), then the key masks (past the end of the sequence, causal /
 // sliding window) of one kBlockNw-key score tile whose first key is col0. row_q: the query index
 // of this thread's rows (-1 past the end); alibi_slope: -slope / scale_softmax of their heads.

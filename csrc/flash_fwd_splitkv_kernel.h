@@ -198,28 +198,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     Tensor coords_s_rc = make_tensor(coords_s.data(), acc_layout_rowcol(coords_s.layout()));
     constexpr int kNRows = decltype(size<0>(coords_s_rc))::value;
     static_assert(kNRows == 2);
-    // Query index of this thread's rows (for the causal / window mask), -1 past the end.
+    // Query index (-1 past the end) and, with kMod, ALiBi slope of this thread's rows.
     int row_q[kNRows];
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) {
-        const int p = p0 + get<0>(coords_s_rc(mi, 0));
-        row_q[mi] = p < packed_rows ? p / g : -1;
-    }
-    const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
-    // Score modifiers: softcap, and the ALiBi slope of each row's query head (-slope / scale_softmax,
-    // as ScoreMod: the bias is added before the scores are scaled).
     [[maybe_unused]] float alibi_slope[kNRows];
-    if constexpr (kMod) {
-        CUTE_UNROLL
-        for (int mi = 0; mi < kNRows; ++mi) {
-            const int p = p0 + get<0>(coords_s_rc(mi, 0));
-            const int head = bidh_k * g + p % g;
-            alibi_slope[mi] = params.alibi_slopes_ptr == nullptr || p >= packed_rows
-                                  ? 0.f
-                                  : -params.alibi_slopes_ptr[bidb * params.alibi_slopes_batch_stride + head] /
-                                        params.scale_softmax;
-        }
-    }
+    splitkv_row_state<kMod>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
 
     OnlineSoftmax<kNRows> softmax;
     CUTE_UNROLL

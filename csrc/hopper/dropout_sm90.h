@@ -39,7 +39,6 @@ struct DropFlags {
     uint32_t t_lo;   // (threshold & 0x7f) in every byte
     uint32_t not_t;  // ~threshold in every byte
 
-    DropFlags() = default;
     __device__ explicit DropFlags(uint32_t threshold)
         : t_lo((threshold & 0x7fu) * 0x01010101u), not_t(~(threshold * 0x01010101u)) {}
 
