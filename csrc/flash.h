@@ -99,6 +99,7 @@ struct FwdParams : QKVParams {
     // Split-KV on sm_90a: run the bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h) instead
     // of the SM80-class one; set by the binding (FLASH_ATTN_DECODE_KERNEL) where it applies.
     bool decode_sm90;
+    int decode_variant;  // EXPERIMENT: FLASH_ATTN_DECODE_VARIANT
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

@@ -830,6 +830,10 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
         params.decode_sm90 = use_sm90_decode(params, paged);
+        {
+            const char *env = std::getenv("FLASH_ATTN_DECODE_VARIANT");  // EXPERIMENT
+            params.decode_variant = env == nullptr ? 0 : std::atoi(env);
+        }
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {

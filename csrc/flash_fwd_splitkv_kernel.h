@@ -32,18 +32,19 @@ namespace flash {
 
 using namespace cute;
 
-template <int kHeadDim_, typename Element_>
+template <int kHeadDim_, typename Element_, int kNWarps_ = 4, int kBlockNw_ = (kHeadDim_ <= 64 ? 32 : 16),
+          int kStages_ = 0>
 struct SplitKVKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 16;  // packed rows per CTA
-    static constexpr int kNWarps = 4;
+    static constexpr int kNWarps = kNWarps_;
     static constexpr int kNThreads = kNWarps * 32;
     // Keys per warp tile: 16-key tiles (one k-step of P V) for d >= 128, 32 below.
-    static constexpr int kBlockNw = kHeadDim <= 64 ? 32 : 16;
+    static constexpr int kBlockNw = kBlockNw_;
     // Per-warp ring depth: about 24 KB of K+V in flight per warp.
     static constexpr int kTileBytes = 2 * kBlockNw * kHeadDim * int(sizeof(Element));
-    static constexpr int kStages = kTileBytes <= 4096 ? 6 : kTileBytes <= 8192 ? 3 : 2;
+    static constexpr int kStages = kStages_ > 0 ? kStages_ : kTileBytes <= 4096 ? 6 : kTileBytes <= 8192 ? 3 : 2;
     // One warp's view: FwdKernelTraits with one warp, 16 rows and kBlockNw keys gives the MMA,
     // the swizzled smem layouts and the ldmatrix atoms.
     using WarpTraits = FwdKernelTraits<kHeadDim, kBlockM, kBlockNw, 1, Element>;

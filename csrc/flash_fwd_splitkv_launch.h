@@ -19,6 +19,9 @@ template <typename Element, int kHeadDim>
 void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream);
 #endif
 
+template <typename Traits>
+void launch_splitkv(FwdParams &params, cudaStream_t stream);
+
 template <typename Element, int kHeadDim>
 void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
@@ -31,7 +34,24 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
         }
     }
 #endif
-    using Traits = SplitKVKernelTraits<kHeadDim, Element>;
+    // EXPERIMENT (FLASH_ATTN_DECODE_VARIANT): warps / keys per warp tile / stages at d128.
+    if constexpr (kHeadDim == 128) {
+        switch (params.decode_variant) {
+            case 1: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 32, 3>>(params, stream); return;
+            case 2: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 16, 6>>(params, stream); return;
+            case 3: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3>>(params, stream); return;
+            case 4: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 32, 2>>(params, stream); return;
+            case 5: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 2, 32, 3>>(params, stream); return;
+            default: break;
+        }
+    }
+    launch_splitkv<SplitKVKernelTraits<kHeadDim, Element>>(params, stream);
+}
+
+template <typename Traits>
+void launch_splitkv(FwdParams &params, cudaStream_t stream) {
+    using Element = typename Traits::Element;
+    constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int smem_size = Traits::kSmemSize;
     // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
     const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;

@@ -58,6 +58,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--configs", default="16x4096,16x32768,4x131072")
+    ap.add_argument("--variants", default="", help="FLASH_ATTN_DECODE_VARIANT values to sweep (old kernel)")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     args = ap.parse_args()
     dev = "cuda"
@@ -83,6 +84,15 @@ def main():
 
         variants = {}
         variants["read"] = lambda: read_both(*rot()[1:3], red)
+        for dv in [int(x) for x in args.variants.split(",") if x]:
+            for ns in (0, 1, 2, 4, 8):
+                def f(dv=dv, ns=ns):
+                    os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
+                    os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(dv)
+                    q, k, v, _, _ = rot()
+                    flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
+                    os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
+                variants["ours_v%d_s%d" % (dv, ns)] = f
         for kern in ("old", "new"):
             for ns in (0, 1, 2, 4, 8, 16):
                 def f(kern=kern, ns=ns):
@@ -112,9 +122,24 @@ def main():
             variants[name + "_bhsd"] = g
 
         print("\nb=%d s=%d  K+V %.0f MB" % (b, s, kv_bytes / 1e6), flush=True)
+        if flash_attn_with_kvcache is not None and args.variants and not args.profile:
+            q, k, v, _, _ = sets[0]
+            qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
+            kf, vf = kf.repeat_interleave(H // HK, 1), vf.repeat_interleave(H // HK, 1)
+            ref = torch.softmax(qf @ kf.transpose(-1, -2) * D ** -0.5, -1) @ vf
+            ref = ref.transpose(1, 2)
+            os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
+            for dv in [int(x) for x in args.variants.split(",") if x]:
+                os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(dv)
+                for ns in (1, 3):
+                    o = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
+                    err = (o.float() - ref).abs().max().item()
+                    print("  check v%d s%d: max err %.2e %s" % (dv, ns, err, "ok" if err < 2e-2 else "FAIL"))
+            os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
+            del qf, kf, vf, ref
         only = [x for x in args.only.split(",") if x]
         for name, fn in variants.items():
-            if only and name not in only:
+            if only and not any(name == o or (o.endswith("*") and name.startswith(o[:-1])) for o in only):
                 continue
             try:
                 if args.profile:
