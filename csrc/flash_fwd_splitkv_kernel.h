@@ -33,8 +33,9 @@ namespace flash {
 using namespace cute;
 
 template <int kHeadDim_, typename Element_, int kNWarps_ = 4, int kBlockNw_ = (kHeadDim_ <= 64 ? 32 : 16),
-          int kStages_ = 0>
+          int kStages_ = 0, bool kQInRegs_ = false>
 struct SplitKVKernelTraits {
+    static constexpr bool kQInRegs = kQInRegs_;  // Q read from smem once, kept in registers
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 16;  // packed rows per CTA
@@ -225,6 +226,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
     cp_async_wait<kStages - 1>();  // Q (the first group) landed for this thread
     __syncthreads();               // ... and for every thread
+    if constexpr (Traits::kQInRegs) {
+        Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
+        cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
+    }
 
     for (int it = 0; it < my_count; ++it) {
         const int stage = it % kStages;
@@ -243,7 +248,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
         Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
         clear(acc_s);
-        gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
+        if constexpr (Traits::kQInRegs) {
+            gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
+        } else {
+            gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
+        }
 
         splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
                                              needs_row_mask, params);

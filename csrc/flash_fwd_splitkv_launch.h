@@ -37,11 +37,10 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
     // EXPERIMENT (FLASH_ATTN_DECODE_VARIANT): warps / keys per warp tile / stages at d128.
     if constexpr (kHeadDim == 128) {
         switch (params.decode_variant) {
-            case 1: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 32, 3>>(params, stream); return;
-            case 2: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 16, 6>>(params, stream); return;
             case 3: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3>>(params, stream); return;
-            case 4: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 32, 2>>(params, stream); return;
-            case 5: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 2, 32, 3>>(params, stream); return;
+            case 6: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3, true>>(params, stream); return;
+            case 7: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 6, 16, 4, true>>(params, stream); return;
+            case 8: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 16, 3, true>>(params, stream); return;
             default: break;
         }
     }

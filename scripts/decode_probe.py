@@ -59,6 +59,7 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--configs", default="16x4096,16x32768,4x131072")
     ap.add_argument("--variants", default="", help="FLASH_ATTN_DECODE_VARIANT values to sweep (old kernel)")
+    ap.add_argument("--paged", action="store_true", help="also time page-16 caches")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     args = ap.parse_args()
     dev = "cuda"
@@ -83,6 +84,26 @@ def main():
             return sets[i]
 
         variants = {}
+        if args.paged and flash_attn_with_kvcache is not None:
+            page = 16
+            nblk = s // page
+            perm = torch.randperm(b * nblk, device=dev)
+            paged = []
+            for q, k, v, _, _ in sets:
+                kp, vp = torch.empty_like(k).view(b * nblk, page, HK, D), torch.empty_like(v).view(b * nblk, page, HK, D)
+                kp[perm], vp[perm] = k.reshape(b * nblk, page, HK, D), v.reshape(b * nblk, page, HK, D)
+                paged.append((q, kp, vp))
+            table = perm.view(b, nblk).to(torch.int32)
+            for dv in [int(x) for x in args.variants.split(",") if x] + [-1]:
+                for ns in (0, 1):
+                    def f(dv=dv, ns=ns):
+                        os.environ["FLASH_ATTN_DECODE_KERNEL"] = "new" if dv < 0 else "old"
+                        os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(max(dv, 0))
+                        q, kp, vp = paged[it[0] % 2]
+                        it[0] += 1
+                        flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=ns)
+                        os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
+                    variants["ours_pg16_%s_s%d" % ("new" if dv < 0 else "v%d" % dv, ns)] = f
         variants["read"] = lambda: read_both(*rot()[1:3], red)
         for dv in [int(x) for x in args.variants.split(",") if x]:
             for ns in (0, 1, 2, 4, 8):
