@@ -100,9 +100,6 @@ struct FwdParams : QKVParams {
     // of the SM80-class one; set by the binding (FLASH_ATTN_DECODE_KERNEL) where it applies.
     bool decode_sm90;
     int decode_variant;  // EXPERIMENT: FLASH_ATTN_DECODE_VARIANT
-    // Stream-K split-KV (flash_fwd_splitkv_kernel): stream_k_tiles > 0 key tiles per block (over
-    // the cache length), stream_k_blocks = b * h_k * stream_k_row_blocks blocks, stream_k_ctas CTAs.
-    int stream_k_tiles, stream_k_blocks, stream_k_row_blocks, stream_k_ctas;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

@@ -718,33 +718,6 @@ int splitkv_heuristic_sm90(int ctas, int sms, int64_t max_seqlen_k) {
     return static_cast<int>(max_splits);
 }
 
-// Stream-K for the one-CTA-per-SM split-KV kernel: `sms` CTAs share blocks * T key tiles evenly
-// (T = tiles of tile_keys keys over the cache) instead of `splits` equal splits per block. Cost
-// model as splitkv_heuristic_sm90 (time ~ waves * (tiles per CTA + fixed cost per block
-// segment)); FLASH_ATTN_DECODE_STREAMK=0|1 forces it off / on. Returns the number of partial
-// slots to allocate (the most CTAs any block is spread over), 0 for no stream-K.
-int stream_k_slots(int blocks, int sms, int64_t seqlen_k, int tile_keys, int splits) {
-    const char *env = std::getenv("FLASH_ATTN_DECODE_STREAMK");
-    const int force = env == nullptr || env[0] == '\0' ? -1 : std::atoi(env);
-    if (force == 0) return 0;
-    const int64_t T = (seqlen_k + tile_keys - 1) / tile_keys;
-    const int64_t units = int64_t(blocks) * T;
-    if (units < 2 * int64_t(sms) || blocks > 4 * sms) return 0;
-    const int64_t fixed = 256 / tile_keys;  // per-segment cost in tiles (pipeline fill, merge, store)
-    const int64_t per_cta = (units + sms - 1) / sms;
-    const int64_t cost_sk = per_cta + fixed * (1 + (per_cta + T - 1) / T);
-    const int64_t waves = (int64_t(blocks) * splits + sms - 1) / sms;
-    const int64_t cost_split = waves * ((T + splits - 1) / splits + fixed);
-    if (force != 1 && cost_sk >= cost_split) return 0;
-    int slots = 1;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int first = static_cast<int>(((blk * T + 1) * sms - 1) / units);
-        const int last = static_cast<int>((((blk + 1) * T) * sms - 1) / units);
-        slots = std::max(slots, last - first + 1);
-    }
-    return slots > 1 ? slots : 0;
-}
-
 // FLASH_ATTN_DECODE_KERNEL=old|new, read at each call so that one process can time both: which
 // kernel runs the split-KV calls (decode, paged KV cache) on an sm_90 device, the sm_90a
 // bulk-copy one (new; head dims 64 and 128) or the SM80-class one (old). Unset: new for paged
@@ -862,25 +835,12 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
             params.decode_variant = env == nullptr ? 0 : std::atoi(env);
         }
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
-        const int v = params.decode_variant;
-        const bool one_cta_per_sm = d == 128 && (v == 3 || v == 6 || v == 9 || v == 10);  // EXPERIMENT
         int splits = static_cast<int>(num_splits);
-        const int sms = num_sms(q.get_device());
         if (splits == 0) {
-            splits = params.decode_sm90 || one_cta_per_sm ? splitkv_heuristic_sm90(ctas, sms, seqlen_k)
-                                                          : splitkv_heuristic(ctas, sms, seqlen_k, paged);
+            splits = params.decode_sm90 ? splitkv_heuristic_sm90(ctas, num_sms(q.get_device()), seqlen_k)
+                                        : splitkv_heuristic(ctas, num_sms(q.get_device()), seqlen_k, paged);
         }
         splits = std::min(splits, 128);
-        if (num_splits == 0 && one_cta_per_sm && !params.decode_sm90) {
-            const int slots = stream_k_slots(ctas, sms, seqlen_k, 16, splits);
-            if (slots > 0) {
-                params.stream_k_tiles = static_cast<int>((seqlen_k + 15) / 16);
-                params.stream_k_blocks = ctas;
-                params.stream_k_row_blocks = m_blocks;
-                params.stream_k_ctas = sms;
-                splits = slots;
-            }
-        }
         params.num_splits = splits;
         if (splits > 1) {
             const int tile = flash::head_dim_tile(static_cast<int>(d));

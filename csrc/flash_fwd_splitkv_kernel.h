@@ -66,13 +66,8 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
 #endif
 }
 
-// One CTA's work on one (batch * KV head, row block): the key tiles [s_begin, s_end) of the
-// block's visible range, written as split / slot `split`. Without stream-K the range is the
-// split's share of the visible tiles; with it (u_hi >= 0) the tiles [u_lo, u_hi) of the stream-K
-// range clipped to the visible ones.
-template <typename Traits, bool kMod>
-__device__ __forceinline__ void splitkv_block(const FwdParams &params, int bidx, int m_block, int split, int u_lo,
-                                              int u_hi) {
+template <typename Traits, bool kMod = false>
+__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
     using TiledMma = typename WT::TiledMma;
@@ -88,7 +83,9 @@ __device__ __forceinline__ void splitkv_block(const FwdParams &params, int bidx,
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
-    const int bidb = bidx / params.h_k, bidh_k = bidx % params.h_k;
+    // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
+    const int m_block = blockIdx.y, split = blockIdx.z;
+    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
     const int g = params.h_h_k_ratio;
 
     const BlockInfo binfo(params, bidb);
@@ -106,15 +103,9 @@ __device__ __forceinline__ void splitkv_block(const FwdParams &params, int bidx,
     if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
     const int t_begin = n_begin / kBlockNw;
     const int t_end = n_end > n_begin ? ceil_div(n_end, kBlockNw) : t_begin;
-    int s_begin, s_end;
-    if (u_hi >= 0) {  // stream-K
-        s_begin = max(t_begin, u_lo);
-        s_end = max(s_begin, min(t_end, u_hi));
-    } else {
-        const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
-        s_begin = t_begin + split * tiles_per_split;
-        s_end = min(t_end, s_begin + tiles_per_split);
-    }
+    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
+    const int s_begin = t_begin + split * tiles_per_split;
+    const int s_end = min(t_end, s_begin + tiles_per_split);
 
     // ---- shared memory ----
     Element *smem_q = reinterpret_cast<Element *>(smem);
@@ -280,42 +271,6 @@ __device__ __forceinline__ void splitkv_block(const FwdParams &params, int bidx,
         split);
 }
 
-// Stream-K (params.stream_k_tiles > 0): the work is U = num_blocks * T key tiles, block-major
-// (block = (batch * KV head) * row blocks + row block, T = stream_k_tiles tiles each, counted
-// over the cache length); CTA c takes units [c U / C, (c + 1) U / C) for C = gridDim.x CTAs, so
-// every CTA streams the same number of keys whatever the block count (b16 x 8 KV heads = 128
-// blocks on 132 SMs: no idle SM, no second wave). A CTA's range covers parts of a few blocks; it
-// writes one partial per block, in slot c - (first CTA of the block), and the combine kernel
-// merges the slots of each block (splitkv_stream_k_first_cta gives both sides the same slots).
-__host__ __device__ __forceinline__ int splitkv_stream_k_cta_of(int64_t unit, int64_t units, int ctas) {
-    // The CTA whose range holds unit x: the largest c with floor(c U / C) <= x.
-    return static_cast<int>(((unit + 1) * ctas - 1) / units);
-}
-
-template <typename Traits, bool kMod = false, bool kStreamK = false>
-__global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
-    if constexpr (kStreamK) {
-        const int64_t T = params.stream_k_tiles;
-        const int64_t units = int64_t(params.stream_k_blocks) * T;
-        const int ctas = gridDim.x;
-        const int64_t lo = int64_t(blockIdx.x) * units / ctas, hi = (int64_t(blockIdx.x) + 1) * units / ctas;
-        for (int64_t x = lo; x < hi;) {
-            const int64_t block = x / T;
-            const int u_lo = static_cast<int>(x - block * T);
-            const int u_hi = static_cast<int>(min(T, hi - block * T));
-            const int slot = int(blockIdx.x) - splitkv_stream_k_cta_of(block * T, units, ctas);
-            const int row_blocks = params.stream_k_row_blocks;
-            splitkv_block<Traits, kMod>(params, static_cast<int>(block / row_blocks), static_cast<int>(block % row_blocks),
-                                        slot, u_lo, u_hi);
-            x = (block + 1) * T;
-            __syncthreads();  // the next block's Q and K/V reuse the shared memory
-        }
-    } else {
-        // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
-        splitkv_block<Traits, kMod>(params, blockIdx.x, blockIdx.y, blockIdx.z, 0, -1);
-    }
-}
-
 // Merges the splits: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s. One warp per
 // (b, h, query) row. A row with no visible key in any split gets out = 0 and lse = +inf.
 template <typename Element, int kHeadDim>
@@ -325,30 +280,22 @@ __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __
     const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
     if (row >= rows) return;
     const int64_t split_stride = rows;
-    const int i = int(row % params.seqlen_q);
-    const int head = int((row / params.seqlen_q) % params.h);
-    const int bidb = int(row / (int64_t(params.seqlen_q) * params.h));
-    int num_splits = params.num_splits;
-    if (params.stream_k_tiles > 0) {  // this row's block: the slots its CTAs wrote
-        const int g = params.h_h_k_ratio;
-        const int64_t block = (int64_t(bidb) * params.h_k + head / g) * params.stream_k_row_blocks + (i * g + head % g) / 16;
-        const int64_t T = params.stream_k_tiles, units = int64_t(params.stream_k_blocks) * T;
-        num_splits = splitkv_stream_k_cta_of((block + 1) * T - 1, units, params.stream_k_ctas) -
-                     splitkv_stream_k_cta_of(block * T, units, params.stream_k_ctas) + 1;
-    }
     float m = -INFINITY;
-    for (int s = lane; s < num_splits; s += 32) { m = fmaxf(m, params.lse_accum_ptr[s * split_stride + row]); }
+    for (int s = lane; s < params.num_splits; s += 32) { m = fmaxf(m, params.lse_accum_ptr[s * split_stride + row]); }
     CUTE_UNROLL
     for (int off = 16; off > 0; off /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off)); }
     float sum = 0.f;
     if (m != -INFINITY) {
-        for (int s = lane; s < num_splits; s += 32) { sum += __expf(params.lse_accum_ptr[s * split_stride + row] - m); }
+        for (int s = lane; s < params.num_splits; s += 32) { sum += __expf(params.lse_accum_ptr[s * split_stride + row] - m); }
     }
     CUTE_UNROLL
     for (int off = 16; off > 0; off /= 2) { sum += __shfl_xor_sync(0xffffffff, sum, off); }
     const bool empty = m == -INFINITY || sum == 0.f;
     const float lse = empty ? INFINITY : m + __logf(sum);
 
+    const int i = int(row % params.seqlen_q);
+    const int head = int((row / params.seqlen_q) % params.h);
+    const int bidb = int(row / (int64_t(params.seqlen_q) * params.h));
     if (lane == 0) params.softmax_lse_ptr[bidb * params.lse_batch_stride + head * params.lse_head_stride + i] = lse;
     Element *out = reinterpret_cast<Element *>(params.o_ptr) + bidb * params.o_batch_stride +
                    int64_t(i) * params.o_row_stride + int64_t(head) * params.o_head_stride;
@@ -357,7 +304,7 @@ __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __
     CUTE_UNROLL
     for (int e = 0; e < kPerLane; ++e) { acc[e] = 0.f; }
     if (!empty) {
-        for (int s = 0; s < num_splits; ++s) {
+        for (int s = 0; s < params.num_splits; ++s) {
             const float ls = params.lse_accum_ptr[s * split_stride + row];
             if (ls == -INFINITY) continue;
             const float w = __expf(ls - lse);

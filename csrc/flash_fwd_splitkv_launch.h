@@ -19,7 +19,7 @@ template <typename Element, int kHeadDim>
 void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream);
 #endif
 
-template <typename Traits, bool kHasStreamK = false>
+template <typename Traits>
 void launch_splitkv(FwdParams &params, cudaStream_t stream);
 
 template <typename Element, int kHeadDim>
@@ -37,17 +37,17 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
     // EXPERIMENT (FLASH_ATTN_DECODE_VARIANT): warps / keys per warp tile / stages at d128.
     if constexpr (kHeadDim == 128) {
         switch (params.decode_variant) {
-            case 3: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3>, true>(params, stream); return;
-            case 6: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3, true>, true>(params, stream); return;
-            case 9: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 12, 16, 2, false>, true>(params, stream); return;
-            case 10: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 12, 16, 2, true>, true>(params, stream); return;
+            case 3: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3>>(params, stream); return;
+            case 6: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3, true>>(params, stream); return;
+            case 7: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 6, 16, 4, true>>(params, stream); return;
+            case 8: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 16, 3, true>>(params, stream); return;
             default: break;
         }
     }
     launch_splitkv<SplitKVKernelTraits<kHeadDim, Element>>(params, stream);
 }
 
-template <typename Traits, bool kHasStreamK>
+template <typename Traits>
 void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     using Element = typename Traits::Element;
     constexpr int kHeadDim = Traits::kHeadDim;
@@ -55,25 +55,11 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
     const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
     auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
-    if constexpr (kHasStreamK) {
-        if (params.stream_k_tiles > 0) {
-            kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true, true> : &flash_fwd_splitkv_kernel<Traits, false, true>;
-        }
-    }
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }
     const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const bool stream_k = kHasStreamK && params.stream_k_tiles > 0;
-    if (params.stream_k_tiles > 0) {
-        // The binding counted the tiles with splitkv_tile_keys(d): it must be this kernel's tile.
-        if (!kHasStreamK || params.stream_k_tiles != ceil_div(params.seqlen_k, Traits::kBlockNw) ||
-            params.stream_k_row_blocks != num_m_blocks || params.stream_k_blocks != params.b * params.h_k * num_m_blocks) {
-            record_launch_error(cudaErrorInvalidValue, "stream-K split-KV: tile count mismatch", __FILE__, __LINE__);
-            return;
-        }
-    }
-    const dim3 grid = stream_k ? dim3(params.stream_k_ctas, 1, 1) : dim3(params.b * params.h_k, num_m_blocks, params.num_splits);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
     if (params.num_splits > 1) {

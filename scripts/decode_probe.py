@@ -114,16 +114,6 @@ def main():
                     flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
                     os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
                 variants["ours_v%d_s%d" % (dv, ns)] = f
-            for sk in ("0", "1"):
-                def f(dv=dv, sk=sk):
-                    os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
-                    os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(dv)
-                    os.environ["FLASH_ATTN_DECODE_STREAMK"] = sk
-                    q, k, v, _, _ = rot()
-                    flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=0)
-                    os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
-                    os.environ["FLASH_ATTN_DECODE_STREAMK"] = ""
-                variants["ours_v%d_sk%s" % (dv, sk)] = f
         for kern in ("old", "new"):
             for ns in (0, 1, 2, 4, 8, 16):
                 def f(kern=kern, ns=ns):
@@ -157,24 +147,15 @@ def main():
             q, k, v, _, _ = sets[0]
             qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
             kf, vf = kf.repeat_interleave(H // HK, 1), vf.repeat_interleave(H // HK, 1)
-            scores = qf @ kf.transpose(-1, -2) * D ** -0.5
-            lse_ref = torch.logsumexp(scores, -1)  # (b, h, 1)
-            ref = torch.softmax(scores, -1) @ vf
-            del scores
+            ref = torch.softmax(qf @ kf.transpose(-1, -2) * D ** -0.5, -1) @ vf
             ref = ref.transpose(1, 2)
             os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
             for dv in [int(x) for x in args.variants.split(",") if x]:
                 os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(dv)
-                for ns, sk in ((1, ""), (3, ""), (0, "1")):
-                    os.environ["FLASH_ATTN_DECODE_STREAMK"] = sk
-                    o, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns,
-                                                     return_softmax_lse=True)
-                    os.environ["FLASH_ATTN_DECODE_STREAMK"] = ""
+                for ns in (1, 3):
+                    o = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
                     err = (o.float() - ref).abs().max().item()
-                    lse_err = (lse - lse_ref).abs().max().item()
-                    ok = err < 2e-2 and lse_err < 1e-2
-                    print("  check v%d s%d sk%s: max err %.2e lse %.2e %s" % (dv, ns, sk, err, lse_err,
-                                                                             "ok" if ok else "FAIL"))
+                    print("  check v%d s%d: max err %.2e %s" % (dv, ns, err, "ok" if err < 2e-2 else "FAIL"))
             os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
             del qf, kf, vf, ref
         only = [x for x in args.only.split(",") if x]
