@@ -99,7 +99,9 @@ struct FwdParams : QKVParams {
     // Split-KV on sm_90a: run the bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h) instead
     // of the SM80-class one; set by the binding (FLASH_ATTN_DECODE_KERNEL) where it applies.
     bool decode_sm90;
-    int decode_variant;  // EXPERIMENT: FLASH_ATTN_DECODE_VARIANT
+    // Split-KV at d = 128: the 8-warp, one-CTA-per-SM shape (SplitKVWideTraits); set by the
+    // binding when the device has kSplitKVWideSmemBytes of shared memory per block.
+    bool splitkv_wide;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).
@@ -112,6 +114,9 @@ inline bool has_features(const FwdParams &p) {
 
 // A window side that never masks anything (large, yet safe to add to row indices).
 constexpr int kWindowUnbounded = 1 << 29;
+// Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
+// 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.
+constexpr int kSplitKVWideSmemBytes = (16 + 8 * 3 * 2 * 16) * 128 * 2;
 
 struct BwdParams : FwdParams {
     void *__restrict__ do_ptr;

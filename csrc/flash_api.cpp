@@ -675,6 +675,18 @@ int num_sms(int device) {
     return cache[device];
 }
 
+// Opt-in shared memory per block (227 KB on H100 / H200, 163 KB on A100), cached.
+int max_smem_per_block(int device) {
+    static int cache[64] = {0};
+    if (device < 0 || device >= 64) return 0;
+    if (cache[device] == 0) {
+        int n = 0;
+        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        cache[device] = n > 0 ? n : 1;
+    }
+    return cache[device];
+}
+
 // Number of key splits for the split-KV kernel. Decoding is bandwidth bound, so the time goes
 // as waves * keys per split: cost(s) = ceil(ctas * s / slots) / s (two CTAs fit an SM). The
 // smallest s within 5% of the lowest cost (fewer splits: less combine work); each split at
@@ -698,8 +710,9 @@ int splitkv_heuristic(int ctas, int sms, int64_t max_seqlen_k, bool paged) {
     return static_cast<int>(std::min(max_splits, std::max<int64_t>(1, splits)));
 }
 
-// Split count for the sm_90a decode kernel, which runs one 8-warp CTA per SM (a wave is `sms`
-// CTAs). Bandwidth-bound cost model: time ~ waves(s) * (keys per split + kCtaCostKeys), the fixed
+// Split count for the kernels that run one 8-warp CTA per SM (a wave is `sms` CTAs): the sm_90a
+// decode kernel and the d = 128 wide shape of the split-KV kernel (b16 32k: 1 split, 4449 GB/s;
+// 2 splits 4363; the 4-warp shape's best, 4 splits, 4347; docs/results/decode_probe_variants_h200.log). Bandwidth-bound cost model: time ~ waves(s) * (keys per split + kCtaCostKeys), the fixed
 // cost of a CTA (filling its copy ring, merge, store) counted in keys; the smallest s within 3% of
 // the best wins (fewer partials to write and combine). At most 128 splits, each >= 128 keys.
 // bf16 d128, 8 KV heads: b16 4k and 32k -> 1 split (128 CTAs: one wave), b4 128k -> 4.
@@ -830,15 +843,15 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
         params.decode_sm90 = use_sm90_decode(params, paged);
-        {
-            const char *env = std::getenv("FLASH_ATTN_DECODE_VARIANT");  // EXPERIMENT
-            params.decode_variant = env == nullptr ? 0 : std::atoi(env);
-        }
+        params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
+                              max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {
-            splits = params.decode_sm90 ? splitkv_heuristic_sm90(ctas, num_sms(q.get_device()), seqlen_k)
-                                        : splitkv_heuristic(ctas, num_sms(q.get_device()), seqlen_k, paged);
+            // Both the sm_90a kernel and the wide shape run one CTA per SM.
+            splits = params.decode_sm90 || params.splitkv_wide
+                         ? splitkv_heuristic_sm90(ctas, num_sms(q.get_device()), seqlen_k)
+                         : splitkv_heuristic(ctas, num_sms(q.get_device()), seqlen_k, paged);
         }
         splits = std::min(splits, 128);
         params.num_splits = splits;

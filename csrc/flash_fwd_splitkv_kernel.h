@@ -32,18 +32,23 @@ namespace flash {
 
 using namespace cute;
 
+// kNWarps warps, each streaming tiles of kBlockNw keys through a ring of kStages buffers;
+// kQInRegs: Q read from shared memory once and kept in registers (the K tiles are the only
+// ldmatrix traffic of S = Q K^T). Two shapes are launched (flash_fwd_splitkv_launch.h): the
+// default 4 warps (about 100 KB of shared memory, two CTAs per SM) and, at d = 128 on GPUs with
+// >= 200 KB of shared memory per block, SplitKVWideTraits: 8 warps, one CTA per SM.
 template <int kHeadDim_, typename Element_, int kNWarps_ = 4, int kBlockNw_ = (kHeadDim_ <= 64 ? 32 : 16),
           int kStages_ = 0, bool kQInRegs_ = false>
 struct SplitKVKernelTraits {
-    static constexpr bool kQInRegs = kQInRegs_;  // Q read from smem once, kept in registers
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 16;  // packed rows per CTA
     static constexpr int kNWarps = kNWarps_;
     static constexpr int kNThreads = kNWarps * 32;
+    static constexpr bool kQInRegs = kQInRegs_;
     // Keys per warp tile: 16-key tiles (one k-step of P V) for d >= 128, 32 below.
     static constexpr int kBlockNw = kBlockNw_;
-    // Per-warp ring depth: about 24 KB of K+V in flight per warp.
+    // Per-warp ring depth (default): about 24 KB of K+V in flight per warp.
     static constexpr int kTileBytes = 2 * kBlockNw * kHeadDim * int(sizeof(Element));
     static constexpr int kStages = kStages_ > 0 ? kStages_ : kTileBytes <= 4096 ? 6 : kTileBytes <= 8192 ? 3 : 2;
     // One warp's view: FwdKernelTraits with one warp, 16 rows and kBlockNw keys gives the MMA,
@@ -57,6 +62,14 @@ struct SplitKVKernelTraits {
     static_assert(kMergeBytes <= kSmemKVElems * int(sizeof(Element)));
     static constexpr int kSmemSize = (kQElems + kSmemKVElems) * int(sizeof(Element));
 };
+
+// Decode at d = 128 on H100 / H200: 8 warps x 3 stages of 16-key tiles (196 KB, one CTA per SM),
+// Q in registers. With one CTA per (batch, KV head) and no split, this is what reads the cache
+// fastest: per-warp latency (S GEMM -> softmax -> P V on a 16-key tile) is what limits a warp, so
+// two warps per scheduler beat deeper rings (docs/perf-notes.md, decode_probe logs).
+template <typename Element>
+using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true>;
+static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideSmemBytes);
 
 __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -34,14 +34,10 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
         }
     }
 #endif
-    // EXPERIMENT (FLASH_ATTN_DECODE_VARIANT): warps / keys per warp tile / stages at d128.
     if constexpr (kHeadDim == 128) {
-        switch (params.decode_variant) {
-            case 3: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3>>(params, stream); return;
-            case 6: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 8, 16, 3, true>>(params, stream); return;
-            case 7: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 6, 16, 4, true>>(params, stream); return;
-            case 8: launch_splitkv<SplitKVKernelTraits<kHeadDim, Element, 4, 16, 3, true>>(params, stream); return;
-            default: break;
+        if (params.splitkv_wide) {
+            launch_splitkv<SplitKVWideTraits<Element>>(params, stream);
+            return;
         }
     }
     launch_splitkv<SplitKVKernelTraits<kHeadDim, Element>>(params, stream);

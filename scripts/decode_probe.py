@@ -7,7 +7,7 @@
 bf16, d 128, 32 query / 8 KV heads, 1 query token. For each shape it times:
   - read:      a Triton kernel that only streams K and V once (the read ceiling for these bytes);
   - ours:      flash_attn_with_kvcache, split heuristic and explicit split counts
-               (FLASH_ATTN_DECODE_KERNEL picks old / new);
+               (FLASH_ATTN_DECODE_KERNEL picks old / new; --paged adds page-16 caches);
   - ours_bhsd: the same call on a cache whose memory is (b, h_k, s, d) (one contiguous stream per
                KV head) seen through a (b, s, h_k, d) view: does the strided row pattern cost?
   - cudnn / flash: SDPA on the (b, s, h_k, d) cache (transposed view, as the benchmark) and on
@@ -58,7 +58,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--configs", default="16x4096,16x32768,4x131072")
-    ap.add_argument("--variants", default="", help="FLASH_ATTN_DECODE_VARIANT values to sweep (old kernel)")
     ap.add_argument("--paged", action="store_true", help="also time page-16 caches")
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
     args = ap.parse_args()
@@ -94,26 +93,15 @@ def main():
                 kp[perm], vp[perm] = k.reshape(b * nblk, page, HK, D), v.reshape(b * nblk, page, HK, D)
                 paged.append((q, kp, vp))
             table = perm.view(b, nblk).to(torch.int32)
-            for dv in [int(x) for x in args.variants.split(",") if x] + [-1]:
+            for kern in ("old", "new"):
                 for ns in (0, 1):
-                    def f(dv=dv, ns=ns):
-                        os.environ["FLASH_ATTN_DECODE_KERNEL"] = "new" if dv < 0 else "old"
-                        os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(max(dv, 0))
+                    def f(kern=kern, ns=ns):
+                        os.environ["FLASH_ATTN_DECODE_KERNEL"] = kern
                         q, kp, vp = paged[it[0] % 2]
                         it[0] += 1
                         flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=ns)
-                        os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
-                    variants["ours_pg16_%s_s%d" % ("new" if dv < 0 else "v%d" % dv, ns)] = f
+                    variants["ours_pg16_%s_s%d" % (kern, ns)] = f
         variants["read"] = lambda: read_both(*rot()[1:3], red)
-        for dv in [int(x) for x in args.variants.split(",") if x]:
-            for ns in (0, 1, 2, 4, 8):
-                def f(dv=dv, ns=ns):
-                    os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
-                    os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(dv)
-                    q, k, v, _, _ = rot()
-                    flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
-                    os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
-                variants["ours_v%d_s%d" % (dv, ns)] = f
         for kern in ("old", "new"):
             for ns in (0, 1, 2, 4, 8, 16):
                 def f(kern=kern, ns=ns):
@@ -143,21 +131,6 @@ def main():
             variants[name + "_bhsd"] = g
 
         print("\nb=%d s=%d  K+V %.0f MB" % (b, s, kv_bytes / 1e6), flush=True)
-        if flash_attn_with_kvcache is not None and args.variants and not args.profile:
-            q, k, v, _, _ = sets[0]
-            qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
-            kf, vf = kf.repeat_interleave(H // HK, 1), vf.repeat_interleave(H // HK, 1)
-            ref = torch.softmax(qf @ kf.transpose(-1, -2) * D ** -0.5, -1) @ vf
-            ref = ref.transpose(1, 2)
-            os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
-            for dv in [int(x) for x in args.variants.split(",") if x]:
-                os.environ["FLASH_ATTN_DECODE_VARIANT"] = str(dv)
-                for ns in (1, 3):
-                    o = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
-                    err = (o.float() - ref).abs().max().item()
-                    print("  check v%d s%d: max err %.2e %s" % (dv, ns, err, "ok" if err < 2e-2 else "FAIL"))
-            os.environ["FLASH_ATTN_DECODE_VARIANT"] = "0"
-            del qf, kf, vf, ref
         only = [x for x in args.only.split(",") if x]
         for name, fn in variants.items():
             if only and not any(name == o or (o.endswith("*") and name.startswith(o[:-1])) for o in only):
