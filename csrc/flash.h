@@ -102,7 +102,6 @@ struct FwdParams : QKVParams {
     // Split-KV at d = 128: the 8-warp, one-CTA-per-SM shape (SplitKVWideTraits); set by the
     // binding when the device has kSplitKVWideSmemBytes of shared memory per block.
     bool splitkv_wide;
-    bool splitkv_kv_groups;  // EXPERIMENT: FLASH_ATTN_DECODE_KV_GROUPS=1 (K and V waited for separately)
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

@@ -845,10 +845,6 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_sm90 = use_sm90_decode(params, paged);
         params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
-        {
-            const char *env = std::getenv("FLASH_ATTN_DECODE_KV_GROUPS");  // EXPERIMENT
-            params.splitkv_kv_groups = env != nullptr && env[0] == '1';
-        }
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {

@@ -38,11 +38,8 @@ using namespace cute;
 // default 4 warps (about 100 KB of shared memory, two CTAs per SM) and, at d = 128 on GPUs with
 // >= 200 KB of shared memory per block, SplitKVWideTraits: 8 warps, one CTA per SM.
 template <int kHeadDim_, typename Element_, int kNWarps_ = 4, int kBlockNw_ = (kHeadDim_ <= 64 ? 32 : 16),
-          int kStages_ = 0, bool kQInRegs_ = false, bool kKVGroups_ = false>
+          int kStages_ = 0, bool kQInRegs_ = false>
 struct SplitKVKernelTraits {
-    // K and V of a tile in separate cp.async groups (K first): S = Q K^T and the softmax start
-    // while V is still landing. EXPERIMENT (FLASH_ATTN_DECODE_KV_GROUPS=1).
-    static constexpr bool kKVGroups = kKVGroups_;
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 16;  // packed rows per CTA
@@ -70,8 +67,8 @@ struct SplitKVKernelTraits {
 // Q in registers. With one CTA per (batch, KV head) and no split, this is what reads the cache
 // fastest: per-warp latency (S GEMM -> softmax -> P V on a 16-key tile) is what limits a warp, so
 // two warps per scheduler beat deeper rings (docs/perf-notes.md, decode_probe logs).
-template <typename Element, bool kKVGroups = false>
-using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true, kKVGroups>;
+template <typename Element>
+using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true>;
 static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideSmemBytes);
 
 __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
@@ -172,12 +169,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
             next_pages[c] = key < seqlen_k ? block_table[(binfo.leftpad_k + key) / params.page_block_size] : 0;
         }
     };
-    // This warp's tiles: s_begin + warp, + kNWarps, ...
-    const int my_first = s_begin + warp;
-    const int my_count = my_first < s_end ? ceil_div(s_end - my_first, kNWarps) : 0;
-    auto my_first_tile = [&](int i) { return my_first + i * kNWarps; };
-    // part: 0 = K and V interleaved, 1 = K only, 2 = V only (kKVGroups).
-    auto load_tile = [&](int tile, int stage, int part = 0) {
+    auto load_tile = [&](int tile, int stage) {
         Tensor sK = sK_at(stage);
         Tensor sV = sV_at(stage);
         CUTE_UNROLL
@@ -197,29 +189,21 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                 k_off = k_dense + index_t(key) * params.k_row_stride;
                 v_off = v_dense + index_t(key) * params.v_row_stride;
             }
-            if (part != 2) cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
-            if (part != 1) cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
+            cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
+            cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
         }
-        if (paged_chunks && part != 1) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
-    };
-    // One tile's loads and their cp.async group(s): one group, or K's then V's with kKVGroups.
-    constexpr int kGroupsPerTile = Traits::kKVGroups ? 2 : 1;
-    auto issue_tile = [&](int i, bool valid) {
-        const int tile = my_first_tile(i);
-        if constexpr (Traits::kKVGroups) {
-            if (valid) load_tile(tile, i % kStages, 1);
-            cp_async_fence();
-            if (valid) load_tile(tile, i % kStages, 2);
-            cp_async_fence();
-        } else {
-            if (valid) load_tile(tile, i % kStages);
-            cp_async_fence();
-        }
+        if (paged_chunks) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
     };
 
+    // This warp's tiles: s_begin + warp, + kNWarps, ...
+    const int my_first = s_begin + warp;
+    const int my_count = my_first < s_end ? ceil_div(s_end - my_first, kNWarps) : 0;
     if (paged_chunks && my_count > 0) { fetch_pages(my_first); }
     CUTE_UNROLL
-    for (int s = 0; s < kStages - 1; ++s) { issue_tile(s, s < my_count); }
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < my_count) load_tile(my_first + s * kNWarps, s);
+        cp_async_fence();
+    }
 
     TiledMma tiled_mma;
     auto thr_mma = tiled_mma.get_thread_slice(lane);
@@ -253,7 +237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     auto thr_smem_copy_V = smem_copy_V.get_thread_slice(lane);
     Tensor tSsQ = thr_smem_copy_Q.partition_S(sQ);
 
-    cp_async_wait<kGroupsPerTile * (kStages - 1)>();  // Q (the first group) landed for this thread
+    cp_async_wait<kStages - 1>();  // Q (the first group) landed for this thread
     __syncthreads();               // ... and for every thread
     if constexpr (Traits::kQInRegs) {
         Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
@@ -265,10 +249,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         const int tile = my_first + it * kNWarps;
         // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
         // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
-        issue_tile(it + kStages - 1, it + kStages - 1 < my_count);
-        // Tile it's K (and V without kKVGroups) landed: the groups after it are V_it (kKVGroups)
-        // and the kStages - 1 tiles issued since.
-        cp_async_wait<kGroupsPerTile * (kStages - 1) + kGroupsPerTile - 1>();
+        if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
+        cp_async_fence();
+        cp_async_wait<kStages - 1>();
         __syncwarp();
 
         Tensor sK = sK_at(stage);
@@ -290,10 +273,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
-        if constexpr (Traits::kKVGroups) {
-            cp_async_wait<kGroupsPerTile * (kStages - 1)>();  // V_it landed too
-            __syncwarp();
-        }
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
         __syncwarp();  // every lane is done with this stage's buffers before they are refilled
     }

@@ -36,11 +36,7 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
 #endif
     if constexpr (kHeadDim == 128) {
         if (params.splitkv_wide) {
-            if (params.splitkv_kv_groups) {  // EXPERIMENT (FLASH_ATTN_DECODE_KV_GROUPS=1)
-                launch_splitkv<SplitKVWideTraits<Element, true>>(params, stream);
-            } else {
-                launch_splitkv<SplitKVWideTraits<Element>>(params, stream);
-            }
+            launch_splitkv<SplitKVWideTraits<Element>>(params, stream);
             return;
         }
     }

@@ -102,14 +102,6 @@ def main():
                         flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=ns)
                     variants["ours_pg16_%s_s%d" % (kern, ns)] = f
         variants["read"] = lambda: read_both(*rot()[1:3], red)
-        for ns in (0, 1):
-            def f(ns=ns):  # EXPERIMENT: K and V in separate cp.async groups (wide shape)
-                os.environ["FLASH_ATTN_DECODE_KERNEL"] = "old"
-                os.environ["FLASH_ATTN_DECODE_KV_GROUPS"] = "1"
-                q, k, v, _, _ = rot()
-                flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=ns)
-                os.environ["FLASH_ATTN_DECODE_KV_GROUPS"] = "0"
-            variants["ours_kvg_s%d" % ns] = f
         for kern in ("old", "new"):
             for ns in (0, 1, 2, 4, 8, 16):
                 def f(kern=kern, ns=ns):
