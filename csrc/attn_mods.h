@@ -143,6 +143,14 @@ struct Dropout {
     }
 };
 
+// ---- compile-time feature sets ---------------------------------------------------------------------
+// The SM80-class feature kernels take an int kStatic: 0 is the generic variant (every feature a
+// run-time branch on its parameter); otherwise kModStatic | the features that are on, known at
+// compile time: features outside the set are compiled out and those inside run unconditionally.
+// At d = 256 the generic variant's run-time branches are if-converted into one long predicated
+// block that every call pays for (docs: the d256 feature analysis), hence the fixed sets.
+constexpr int kModSoftcap = 1, kModAlibi = 2, kModDropout = 4, kModStatic = 8;
+
 // ---- softcap and ALiBi -----------------------------------------------------------------------------
 
 struct ScoreMod {
@@ -180,11 +188,48 @@ struct ScoreMod {
         }
     }
 
+    // The ALiBi bias slope * |row + diag - col| of every element, in fp32: the distance is an
+    // integer below 2^24, exact in fp32, so this equals the integer form bit for bit. The thread's
+    // part of the distance is converted once; each element adds a compile-time constant (its
+    // offset in the fragment, read off coords0, the partition of thread 0, whose coordinates fold
+    // to constants) and takes |.|: two FP ops instead of IADD, IABS, I2F, FFMA.
+    template <typename TensorCoord, typename TensorCoord0>
+    __device__ __forceinline__ float alibi_base(TensorCoord const &coords, TensorCoord0 const &coords0, int row0,
+                                                int col0) const {
+        return float(row0 + diag - col0 + (get<0>(coords(0)) - get<1>(coords(0))) -
+                     (get<0>(coords0(0)) - get<1>(coords0(0))));
+    }
+    template <typename TensorCoord0>
+    __device__ __forceinline__ static float alibi_offset(TensorCoord0 const &coords0, int i) {
+        return float(get<0>(coords0(i)) - get<1>(coords0(i)));
+    }
+    template <typename TensorAcc, typename TensorCoord, typename TensorCoord0>
+    __device__ __forceinline__ void add_alibi_fast(TensorAcc &acc, TensorCoord const &coords,
+                                                   TensorCoord0 const &coords0, int row0, int col0) const {
+        const float base = alibi_base(coords, coords0, row0, col0);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); ++i) {
+            acc(i) = fmaf(alibi_slope, fabsf(base + alibi_offset(coords0, i)), acc(i));
+        }
+    }
+
     // Both, in the forward's order: the score to be multiplied by scale_softmax.
     template <typename TensorAcc, typename TensorCoord>
     __device__ __forceinline__ void apply(TensorAcc &acc, TensorCoord const &coords, int row0, int col0) const {
         if (has_softcap()) apply_softcap(acc);
         apply_alibi(acc, coords, row0, col0);
+    }
+
+    // apply() for a feature set (see kModStatic): kStatic == 0 is the run-time form above.
+    template <int kStatic, typename TensorAcc, typename TensorCoord, typename TensorCoord0>
+    __device__ __forceinline__ void apply_set(TensorAcc &acc, TensorCoord const &coords, TensorCoord0 const &coords0,
+                                              int row0, int col0) const {
+        if constexpr (kStatic == 0) {
+            apply(acc, coords, row0, col0);
+        } else {
+            if constexpr ((kStatic & kModSoftcap) != 0) { apply_softcap(acc); }
+            if constexpr ((kStatic & kModAlibi) != 0) { add_alibi_fast(acc, coords, coords0, row0, col0); }
+        }
     }
 };
 

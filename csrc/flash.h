@@ -54,6 +54,10 @@ struct FwdParams : QKVParams {
 
     bool is_bf16;
     bool use_sm90;  // run the sm_90a (wgmma) kernels where this build and head dim have them
+    // Where the SM80-class feature kernels have fixed-feature-set variants (kStatic, attn_mods.h;
+    // d = 256): run the generic run-time variant instead (FLASH_ATTN_D256_FEAT_OLD=1, for A/B
+    // timing; the backward then also keeps the semaphore-ordered deterministic dQ).
+    bool feat_generic;  // (in the padding before softcap_scale: later offsets unchanged)
 
     // ---- Score modifiers and dropout: all off when zero. Any of them routes the call to the
     // "feature" variants of the kernels (a template flag), so the plain kernels stay as they are.

@@ -86,6 +86,15 @@ void copy_back(const std::optional<at::Tensor> &given, const at::Tensor &compute
     if (given.has_value() && !given.value().is_same(computed)) given.value().copy_(computed);
 }
 
+// FLASH_ATTN_D256_FEAT_OLD=1, read at each call so that one process can time both: the d = 256
+// feature calls (softcap, ALiBi, dropout, deterministic) run the generic SM80-class feature kernels
+// (every feature a run-time branch; semaphore-ordered deterministic dQ) instead of the
+// fixed-feature-set variants with dq_accum slices (flash_fwd_launch.h, flash_bwd_launch.h).
+bool d256_feat_old() {
+    const char *env = std::getenv("FLASH_ATTN_D256_FEAT_OLD");
+    return env != nullptr && env[0] != '\0' && std::string(env) != "0";
+}
+
 void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
              const at::Tensor &out, const at::Tensor &lse, double softmax_scale, bool is_causal) {
     p = {};
@@ -115,6 +124,7 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
     p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
     p.is_bf16 = q.scalar_type() == at::kBFloat16;
     p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
+    p.feat_generic = d256_feat_old();
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
@@ -244,12 +254,29 @@ int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 #endif
 }
 
+// Deterministic backward on the SM80-class d = 256 kernels' fixed-feature-set variants
+// (flash_bwd_launch.h, kBwdFeatSets): per-CTA dq_accum slices as on the sm_90a backward, with
+// 64-key blocks and one CTA per SM. 0 where the generic variant (semaphores) serves the call.
+int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
+    if (p.head_dim_tile != 256 || p.feat_generic) return 0;
+    const int64_t n_blocks = (max_seqlen_k + 63) / 64;
+    const int64_t sms = num_sms(device);
+    int best = 1;
+    int64_t best_cost = INT64_MAX;
+    for (int64_t s = 1; s <= std::min<int64_t>(8, n_blocks); ++s) {
+        const int64_t cost = ((bh * s + sms - 1) / sms) * ((n_blocks + s - 1) / s);
+        if (cost < best_cost) best_cost = cost, best = static_cast<int>(s);
+    }
+    return best;
+}
+
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
-// the sm_90a backward, else one int32 counter per (b, h, 64-row block of seqlen_q_rounded rows),
-// returned in `semaphore` (it must outlive the launch).
+// the sm_90a backward and the d = 256 fixed-feature-set kernels, else one int32 counter per (b, h,
+// 64-row block of seqlen_q_rounded rows), returned in `semaphore` (it must outlive the launch).
 at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<int64_t> shape, int64_t b, int64_t h,
                          int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore) {
-    const int splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
+    int splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
+    if (deterministic && splits == 0) splits = sm80_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
     shape.insert(shape.begin(), std::max(splits, 1));
     at::Tensor dq_accum = at::zeros(shape, q.options().dtype(at::kFloat));
     p.dq_accum_ptr = dq_accum.data_ptr<float>();
@@ -473,6 +500,7 @@ void set_varlen_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &
     p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
     p.is_bf16 = q.scalar_type() == at::kBFloat16;
     p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
+    p.feat_generic = d256_feat_old();
     p.num_splits = 1;
     p.total_q = static_cast<int>(q.size(0));
 }

@@ -99,8 +99,16 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
     }
 }
 
-template <typename Traits, bool kFeat>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const __grid_constant__ BwdParams params) {
+// One key block: dK, dV of its keys and its dQ contributions (fp32 atomics into dq_accum, at
+// element offset dq_slice: this CTA's slice in the sliced deterministic mode).
+// kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
+// blockIdx.x (reversed in its semaphore-ordered deterministic mode, see flash_bwd_kernel), else
+// kModStatic | the features compiled in and always on, with the key block n_block_arg.
+template <typename Traits, bool kFeat, int kStatic>
+__forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_block_arg, const int64_t dq_slice) {
+    static_assert(kFeat || kStatic == 0);
+    constexpr bool kMayDropout = kFeat && (kStatic == 0 || (kStatic & kModDropout) != 0);
+    constexpr bool kMaySoftcap = kFeat && (kStatic == 0 || (kStatic & kModSoftcap) != 0);
     using Element = typename Traits::Element;
     using index_t = int64_t;
     constexpr int kBlockM = Traits::kBlockM;
@@ -112,10 +120,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x;
-    // Deterministic mode adds dQ in descending key-block order, so the highest key blocks start
-    // first: a CTA only ever waits for CTAs dispatched before it.
-    const bool deterministic = kFeat && params.deterministic;
-    const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    // Semaphore-ordered dQ: the highest key blocks start first, so a CTA only ever waits for
+    // CTAs dispatched before it.
+    const bool deterministic = kFeat && kStatic == 0 && params.deterministic;
+    const int n_block = kStatic != 0 ? n_block_arg : deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
@@ -183,7 +191,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
                            bidh * params.lse_head_stride;
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);
     const float *dsum_ptr = params.softmax_d_ptr + accum_row;
-    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
+    float *dq_accum_ptr = params.dq_accum_ptr + (kStatic != 0 ? dq_slice : 0) + accum_row * kHeadDim;
 
     // Shared memory: Q[2] | dO[2] | K | V | dS | P
     Element *smem_q = reinterpret_cast<Element *>(smem);
@@ -288,6 +296,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
 
     Tensor coords_s = thr_mma_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor coords_s_rc = make_tensor(coords_s.data(), acc_layout_rowcol(coords_s.layout()));
+    // Thread 0's (constant) coordinates: per-element offsets for the fixed-set ALiBi.
+    Tensor coords_s0 = tiled_mma_sdp.get_thread_slice(0).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor coords_s0_rc = make_tensor(coords_s0.data(), acc_layout_rowcol(coords_s0.layout()));
     constexpr int kNRows = decltype(size<0>(coords_s_rc))::value;
 
     // ---- prologue: K, V once; Q and dO of the first query block ----
@@ -300,7 +311,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
 
     // Feature state; the plain variant never touches it.
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
-    const bool is_dropout = kFeat && params.p_dropout > 0.f;
+    const bool is_dropout = kStatic != 0 ? kMayDropout : kFeat && params.p_dropout > 0.f;
+    const bool has_softcap = kStatic != 0 ? kMaySoftcap : kFeat && score_mod.has_softcap();
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
     int *dq_semaphore = deterministic ? params.dq_semaphore_ptr + (index_t(bidb) * params.h + bidh) *
                                                                       (params.seqlen_q_rounded / 64)
@@ -323,7 +335,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
         clear(acc_s);
         gemm_ss(acc_s, tSrQ, tSrK, in_buffer(tSsQ, buf), tSsK, tiled_mma_sdp, smem_copy_sdp_A, smem_copy_sdp_B,
                 thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
-        if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, col0); }
+        if constexpr (kFeat) { score_mod.template apply_set<kStatic>(acc_s, coords_s, coords_s0, row0, col0); }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) { mask.apply(acc_s, coords_s, row0, col0); }
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         float row_dsum[kNRows];
@@ -333,7 +345,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
             const int row = row0 + get<0>(coords_s_rc(mi, 0));
             // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
             const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
-            if constexpr (kFeat) { row_lse[mi] = lse; }
+            if constexpr (kMaySoftcap) { row_lse[mi] = lse; }
             row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(scores); ++ni) {
@@ -347,7 +359,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
         gemm_ss(acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
                 smem_copy_sdp_B, thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
-        if constexpr (kFeat) {
+        if constexpr (kMayDropout) {
             if (is_dropout) {
                 // Out = (P * Z) V with Z = keep / (1 - p): dS = P * (dP * Z - rowsum(dO * O)), and
                 // dV takes P * Z (left in acc_s). Element (e, m, n) lies in row e / 2 + 2 m of the
@@ -368,21 +380,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
                 for (int ni = 0; ni < size<1>(dS); ++ni) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - row_dsum[mi]); }
             }
         }
-        if constexpr (kFeat) {
-            if (score_mod.has_softcap()) {
+        if constexpr (kMaySoftcap) {
+            if (has_softcap) {
                 // d score / d s = (1 - tanh^2) * softcap_scale (the softcap factor is in
                 // scale_softmax). tanh is recovered from P = exp2(u * scale_log2 - lse) with
                 // u = tanh + ALiBi bias rather than kept in registers; where P = 0 it does not
                 // matter (no softcap with dropout, so acc_s still holds P).
                 Tensor dS_rc = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
                 const float inv_scale_log2 = 1.f / params.scale_softmax_log2;
+                // The fixed-set ALiBi in the forward's fp32 form (ScoreMod::add_alibi_fast).
+                const float alibi_base = score_mod.alibi_base(coords_s, coords_s0, row0, col0);
                 CUTE_UNROLL
                 for (int mi = 0; mi < kNRows; ++mi) {
                     CUTE_UNROLL
                     for (int ni = 0; ni < size<1>(dS_rc); ++ni) {
                         const float p = scores(mi, ni);
                         float t = (__log2f(p) + row_lse[mi]) * inv_scale_log2;
-                        if (score_mod.alibi_slope != 0.f) {
+                        if constexpr ((kStatic & kModAlibi) != 0) {
+                            const float off = float(get<0>(coords_s0_rc(mi, ni)) - get<1>(coords_s0_rc(mi, ni)));
+                            t = fmaf(-score_mod.alibi_slope, fabsf(alibi_base + off), t);
+                        } else if (kStatic == 0 && score_mod.alibi_slope != 0.f) {
                             const int dist = row0 + get<0>(coords_s_rc(mi, ni)) + score_mod.diag - col0 -
                                              get<1>(coords_s_rc(mi, ni));
                             t -= score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
@@ -413,7 +430,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
         Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
         static_assert(decltype(size<0>(acc_dq))::value == 4);
-        if constexpr (kFeat) {
+        if constexpr (kFeat && kStatic == 0) {
             if (deterministic) {
                 // Wait for the key blocks above this one that also see this query block.
                 if (tidx == 0) {
@@ -434,7 +451,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
             atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
 #endif
         }
-        if constexpr (kFeat) {
+        if constexpr (kFeat && kStatic == 0) {
             if (deterministic) {  // publish this block's dQ, then let the next key block in
                 __threadfence();
                 __syncthreads();
@@ -446,6 +463,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
     store_dk_dv();
+}
+
+// Generic variants (kStatic == 0): grid (key blocks, b, h). Their deterministic mode adds dQ in
+// descending key-block order, so the highest key blocks start first: a CTA only ever waits for
+// CTAs dispatched before it.
+// Fixed-feature-set variants (kStatic != 0) make dQ deterministic with per-CTA dq_accum slices
+// instead, as the sm_90a backward does: grid (dq_accum_splits, b, h), CTA s walking the key
+// blocks in rounds of gridDim.x, zig-zag (s in even rounds, gridDim.x - 1 - s in odd ones, which
+// evens out causal work), adding its dQ into slice s. Each slice element is updated by one thread
+// of one CTA, in program order, so the sums (and their order in the conversion) are fixed.
+template <typename Traits, bool kFeat, int kStatic = 0>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const __grid_constant__ BwdParams params) {
+    if constexpr (kStatic == 0) {
+        bwd_block<Traits, kFeat, kStatic>(params, 0, 0);
+    } else {
+        const bool sliced = params.deterministic;
+        const int64_t dq_slice = sliced ? int64_t(blockIdx.x) * params.dq_accum_split_stride : 0;
+        const int n_blocks = ceil_div(params.seqlen_k, Traits::kBlockN);
+        const int splits = gridDim.x;
+        int n_block = blockIdx.x;
+        for (int round = 1;; ++round) {  // one call site: one inlined copy of the block code
+            bwd_block<Traits, kFeat, kStatic>(params, n_block, dq_slice);
+            if (!sliced) break;
+            n_block = round * splits + ((round & 1) ? splits - 1 - int(blockIdx.x) : int(blockIdx.x));
+            if (n_block >= n_blocks) break;
+            __syncthreads();  // the last block's dK/dV staging has been read
+        }
+    }
 }
 
 // Every backward: softmax_d = rowsum(dO * O), the main kernel (launch_main), dq conversion.

@@ -1,6 +1,8 @@
 // Backward launch: preprocess -> main kernel -> dq conversion, tile configuration per head dim.
 #pragma once
 
+#include <algorithm>
+
 #include <cuda_runtime.h>
 
 #include "flash.h"
@@ -12,18 +14,59 @@
 
 namespace flash {
 
-template <typename Traits, bool kFeat>
+template <typename Traits, bool kFeat, int kStatic = 0>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
     launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
-        auto kernel = &flash_bwd_kernel<Traits, kFeat>;
+        auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic>;
         if (smem_size >= 48 * 1024) {
             FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         }
-        const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
+        // Fixed-feature-set variants, deterministic: one CTA per dq_accum slice (see the kernel).
+        const bool sliced = kStatic != 0 && params.deterministic;
+        const dim3 grid(sliced ? std::max(params.dq_accum_splits, 1) : ceil_div(params.seqlen_k, Traits::kBlockN),
+                        params.b, params.h);
         kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
         FLASH_CHECK_LAUNCH();
     });
+}
+
+// Head dims whose feature calls run fixed-feature-set kernels (kStatic; attn_mods.h) unless
+// params.feat_generic; their deterministic mode uses dq_accum slices (the binding allocates them,
+// bwd_uses_dq_slices in flash_api.cpp), the generic variants' semaphores otherwise.
+template <int kHeadDim>
+constexpr bool kBwdFeatSets = kHeadDim == 256;
+
+template <typename Traits>
+void launch_bwd_feat(BwdParams &params, cudaStream_t stream) {
+    if constexpr (kBwdFeatSets<Traits::kHeadDim>) {
+        if (!params.feat_generic) {
+            const int set = (params.softcap_scale > 0.f ? kModSoftcap : 0) |
+                            (params.alibi_slopes_ptr != nullptr ? kModAlibi : 0) |
+                            (params.p_dropout > 0.f ? kModDropout : 0);
+            switch (set) {  // softcap excludes dropout (checked by the binding)
+                case 0: launch_bwd<Traits, true, kModStatic>(params, stream); return;  // deterministic only
+                case kModSoftcap: launch_bwd<Traits, true, kModStatic | kModSoftcap>(params, stream); return;
+                case kModAlibi: launch_bwd<Traits, true, kModStatic | kModAlibi>(params, stream); return;
+                case kModSoftcap | kModAlibi:
+                    launch_bwd<Traits, true, kModStatic | kModSoftcap | kModAlibi>(params, stream);
+                    return;
+                case kModDropout: launch_bwd<Traits, true, kModStatic | kModDropout>(params, stream); return;
+                case kModAlibi | kModDropout:
+                    launch_bwd<Traits, true, kModStatic | kModAlibi | kModDropout>(params, stream);
+                    return;
+                default: break;
+            }
+            // Softcap with dropout: rejected by the binding. The generic kernel's deterministic
+            // mode would need the semaphores that the binding did not allocate.
+            if (params.deterministic) {
+                record_launch_error(cudaErrorInvalidValue, "d256 backward: unsupported feature set", __FILE__,
+                                    __LINE__);
+                return;
+            }
+        }
+    }
+    launch_bwd<Traits, true>(params, stream);
 }
 
 // (kBlockM, kBlockN, warps, warps along M for S/dP, along N for dK/dV, along M for dQ).
@@ -45,7 +88,12 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
     } else if constexpr (kHeadDim <= 128) {
         launch_bwd<BwdKernelTraits<kHeadDim, 64, 128, 8, 2, 4, 2, Element>, kFeat>(params, stream);
     } else {
-        launch_bwd<BwdKernelTraits<kHeadDim, 64, 64, 8, 4, 2, 2, Element>, kFeat>(params, stream);
+        using Traits = BwdKernelTraits<kHeadDim, 64, 64, 8, 4, 2, 2, Element>;
+        if constexpr (kFeat) {
+            launch_bwd_feat<Traits>(params, stream);
+        } else {
+            launch_bwd<Traits, false>(params, stream);
+        }
     }
 }
 

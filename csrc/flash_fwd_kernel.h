@@ -46,9 +46,12 @@ __forceinline__ __device__ void store_tile(TensorAcc const &acc, char *smem, Sme
 }
 
 // kFeat: the variant with softcap, ALiBi and dropout (each on at run time when its parameter is
-// set); the plain variant compiles none of it.
-template <typename Traits, bool kFeat>
+// set); the plain variant compiles none of it. kStatic (kFeat only; attn_mods.h): 0 for that
+// run-time form, else kModStatic | the features compiled in and always on (no S_dmask).
+template <typename Traits, bool kFeat, int kStatic = 0>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const __grid_constant__ FwdParams params) {
+    static_assert(kFeat || kStatic == 0);
+    constexpr bool kMayDropout = kFeat && (kStatic == 0 || (kStatic & kModDropout) != 0);
     using Element = typename Traits::Element;
     using index_t = int64_t;
     constexpr int kBlockM = Traits::kBlockM;
@@ -64,7 +67,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
 
-    if constexpr (kFeat) { write_rng_state(params); }
+    if constexpr (kMayDropout) { write_rng_state(params); }
 
     const BlockInfo binfo(params, bidb);
     const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
@@ -163,6 +166,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
 
     Tensor coords_s = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    // Thread 0's (constant) coordinates: per-element offsets for the fixed-set ALiBi.
+    Tensor coords_s0 = tiled_mma.get_thread_slice(0).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
     // Prologue: Q and the last K tile (the only one that can be partial) in flight.
     load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gQ), tQsQ, tQcQ, tQpQ, rows_left);
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
 
     // Feature state; the plain variant never touches it.
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
-    const bool is_dropout = kFeat && params.p_dropout > 0.f;
+    const bool is_dropout = kStatic != 0 ? kMayDropout : kFeat && params.p_dropout > 0.f;
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
 
     auto step = [&](auto is_first) {
@@ -188,7 +193,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
 
         gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
                 thr_smem_copy_K);
-        if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN); }
+        if constexpr (kFeat) { score_mod.template apply_set<kStatic>(acc_s, coords_s, coords_s0, row0, n_block * kBlockN); }
         if (mask.tile_needs_mask(row0, n_block * kBlockN, kBlockM, kBlockN)) {
             mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
         }
@@ -201,11 +206,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
         }
 
         softmax.template update<decltype(is_first)::value>(acc_s, acc_o, params.scale_softmax_log2);
-        if constexpr (kFeat) {
+        if constexpr (kMayDropout) {
             if (is_dropout) {
                 // P is exp(score - running max) here; dropped elements leave the P V product (the
                 // row sums above already hold every element). S_dmask (testing) gets -P for them.
-                Element *s_dmask = params.s_dmask_ptr == nullptr ? nullptr :
+                Element *s_dmask = kStatic != 0 || params.s_dmask_ptr == nullptr ? nullptr :
                     reinterpret_cast<Element *>(params.s_dmask_ptr) + bidb * params.s_dmask_batch_stride +
                     bidh * params.s_dmask_head_stride;
                 const int col0 = n_block * kBlockN;

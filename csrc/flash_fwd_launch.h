@@ -12,10 +12,10 @@
 
 namespace flash {
 
-template <typename Traits, bool kFeat>
+template <typename Traits, bool kFeat, int kStatic = 0>
 void launch_fwd(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_kernel<Traits, kFeat>;
+    auto kernel = &flash_fwd_kernel<Traits, kFeat, kStatic>;
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }
@@ -23,6 +23,38 @@ void launch_fwd(FwdParams &params, cudaStream_t stream) {
     dim3 grid(num_m_blocks, params.b, params.h);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
+}
+
+// Head dims whose feature calls run fixed-feature-set kernels (kStatic; attn_mods.h) unless
+// params.feat_generic. The generic run-time variant costs 1.3-1.6x the plain kernel at d = 256
+// whatever the feature (its optional code is if-converted into one predicated block).
+template <int kHeadDim>
+constexpr bool kFeatSets = kHeadDim == 256;
+
+// The fixed feature set of a feature call, or 0 where none applies (S_dmask: the generic kernel).
+inline int fwd_feature_set(const FwdParams &params) {
+    if (params.feat_generic || params.s_dmask_ptr != nullptr) return 0;
+    return kModStatic | (params.softcap_scale > 0.f ? kModSoftcap : 0) |
+           (params.alibi_slopes_ptr != nullptr ? kModAlibi : 0) | (params.p_dropout > 0.f ? kModDropout : 0);
+}
+
+template <typename Traits>
+void launch_fwd_feat(FwdParams &params, cudaStream_t stream) {
+    if constexpr (kFeatSets<Traits::kHeadDim>) {
+        switch (fwd_feature_set(params)) {  // softcap excludes dropout (checked by the binding)
+            case kModStatic | kModSoftcap: launch_fwd<Traits, true, kModStatic | kModSoftcap>(params, stream); return;
+            case kModStatic | kModAlibi: launch_fwd<Traits, true, kModStatic | kModAlibi>(params, stream); return;
+            case kModStatic | kModSoftcap | kModAlibi:
+                launch_fwd<Traits, true, kModStatic | kModSoftcap | kModAlibi>(params, stream);
+                return;
+            case kModStatic | kModDropout: launch_fwd<Traits, true, kModStatic | kModDropout>(params, stream); return;
+            case kModStatic | kModAlibi | kModDropout:
+                launch_fwd<Traits, true, kModStatic | kModAlibi | kModDropout>(params, stream);
+                return;
+            default: break;
+        }
+    }
+    launch_fwd<Traits, true>(params, stream);
 }
 
 // (kBlockM, kBlockN, warps) per head-dim tile, sized for the 227 KB of shared memory and the
@@ -44,7 +76,12 @@ void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
     } else if constexpr (kHeadDim <= 128) {
         launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 4, Element>, kFeat>(params, stream);
     } else {
-        launch_fwd<FwdKernelTraits<kHeadDim, 128, 64, 8, Element>, kFeat>(params, stream);
+        using Traits = FwdKernelTraits<kHeadDim, 128, 64, 8, Element>;
+        if constexpr (kFeat) {
+            launch_fwd_feat<Traits>(params, stream);
+        } else {
+            launch_fwd<Traits, false>(params, stream);
+        }
     }
 }
 
