@@ -5,6 +5,9 @@
 // (flash_fwd_launch.h) when params.fwd_ws is set (FLASH_ATTN_FWD_WS=1).
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include <cuda_runtime.h>
 
 #include "../flash.h"
@@ -17,12 +20,15 @@ namespace flash {
 
 // (kBlockN, stages) per head dim; kBlockM = 128 (2 consumer warpgroups x 64 rows).
 //   d64:  128 x 128, 4 stages: Q 16 KB + (K + V) 4 x 32 KB  = 144 KB
-//   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB
+//   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB  (causal / sliding window)
+//         128 x 176, 2 stages: Q 32 KB + (K + V) 2 x 88 KB  = 208 KB  (no window: FA3's choice)
 //   d256: 128 x 80,  2 stages: Q 64 KB + (K + V) 2 x 80 KB  = 224 KB
 template <typename Element, int kHeadDim>
 using FwdWsTraitsFor = std::conditional_t<
     kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element>,
     std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>>;
+template <typename Element>
+using FwdWsTraitsD128Wide = FwdWsTraitsSm90<128, 176, 2, Element>;
 
 namespace fwd_ws_detail {
 
@@ -94,6 +100,16 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
           tma_stride_ok(params.v_row_stride, rows_k) && tma_stride_ok(params.v_head_stride, params.h_k) &&
           tma_stride_ok(params.v_batch_stride, batch_k))) {
         return false;
+    }
+    if constexpr (kHeadDim == 128) {
+        // 176-key tiles without a window (fewer, longer iterations); FLASH_ATTN_FWD_WS_D128_N=128
+        // forces the 128-key tiles (read at each call, for A/B timing).
+        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D128_N");
+        const bool force_128 = env != nullptr && std::strcmp(env, "128") == 0;
+        if (!force_128 && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
+            fwd_ws_detail::launch<FwdWsTraitsD128Wide<Element>>(params, stream, rows_q, batch_q, rows_k, batch_k);
+            return true;
+        }
     }
     fwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
