@@ -1,5 +1,5 @@
 // Warp-specialised sm_90a forward (FA3-style): a producer warp loads Q once and K / V tiles with
-// TMA into mbarrier pipelines; two consumer warpgroups (64 query rows each) take turns on the
+// TMA into mbarrier pipelines; 2 or 3 consumer warpgroups (64 query rows each) take turns on the
 // tensor cores (pingpong) and overlap each tile's softmax with their own P V GEMM (intra-warpgroup
 // overlap). See kernel_traits_fwd_ws_sm90.h (roles, tiles) and flash_fwd_ws_mainloop_sm90.h (the
 // barrier protocol). Plain variant only (no softcap / ALiBi / dropout).

@@ -18,14 +18,14 @@
 
 namespace flash {
 
-// (kBlockN, stages) per head dim; kBlockM = 128 (2 consumer warpgroups x 64 rows).
-//   d64:  128 x 128, 4 stages: Q 16 KB + (K + V) 4 x 32 KB  = 144 KB
+// (kBlockM, kBlockN, stages) per head dim; kBlockM = 64 x consumer warpgroups.
+//   d64:  192 x 128, 4 stages: Q 24 KB + (K + V) 4 x 32 KB  = 152 KB  (3 consumer WGs, FA3's shape)
 //   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB  (causal / sliding window)
 //         128 x 176, 2 stages: Q 32 KB + (K + V) 2 x 88 KB  = 208 KB  (no window: FA3's choice)
 //   d256: 128 x 80,  2 stages: Q 64 KB + (K + V) 2 x 80 KB  = 224 KB
 template <typename Element, int kHeadDim>
 using FwdWsTraitsFor = std::conditional_t<
-    kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element>,
+    kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3>,
     std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>>;
 template <typename Element>
 using FwdWsTraitsD128Wide = FwdWsTraitsSm90<128, 176, 2, Element>;

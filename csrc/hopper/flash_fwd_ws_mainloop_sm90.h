@@ -10,13 +10,13 @@
 //                          and each of their 256 threads releases it once.
 // Q: one mbarrier (arrival count 1, 2 x 64-row TMA tiles of bytes), waited at phase 0.
 //
-// Pingpong (named barriers kSchedWG0/1, 256 threads each): a WG issues its GEMMs of an
-// iteration only between sync(own) and arrive(other), so the two WGs take turns on the tensor
-// cores and one WG's softmax runs under the other's GEMMs:
+// Pingpong (named barriers kSchedWG0 + w, 256 threads each): a WG issues its GEMMs of an
+// iteration only between sync(own) and arrive(next = (w + 1) % kNConsumerWG), so the WGs take
+// turns on the tensor cores in a ring and one WG's softmax runs under the others' GEMMs:
 //   start:            WG0 arrive(kSchedWG0)                     (WG0 goes first)
-//   every iteration:  sync(own) ; issue S = Q K^T [; O += P V] ; arrive(other)
-//   end:              WG0 sync(kSchedWG0)   consumes WG1's last arrive (leaves no barrier
-//                     half-complete at exit)
+//   every iteration:  sync(own) ; issue S = Q K^T [; O += P V] ; arrive(next)
+//   end:              WG0 sync(kSchedWG0)   consumes the last WG's last arrive (leaves no
+//                     barrier half-complete at exit)
 // Both WGs run the same number of iterations (the key-block range is the CTA's, not the WG's).
 #pragma once
 
@@ -111,8 +111,10 @@ __forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp,
 __forceinline__ __device__ void fwd_ws_sched_sync(int wg) {
     cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + wg);
 }
+template <int kNConsumerWG>
 __forceinline__ __device__ void fwd_ws_sched_arrive(int wg) {
-    cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + (1 - wg));
+    const int next = wg + 1 == kNConsumerWG ? 0 : wg + 1;
+    cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + next);
 }
 
 // Runs the key blocks [n_block_min, n_block_max) for the 64 rows of warpgroup wg (rows row0 ..
@@ -158,7 +160,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     pipeline_k.consumer_wait(state_k);
     fwd_ws_sched_sync(wg);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
-    fwd_ws_sched_arrive(wg);
+    fwd_ws_sched_arrive<Traits::kNConsumerWG>(wg);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(state_k);
@@ -183,7 +185,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         pipeline_v.consumer_wait(state_v);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
-        fwd_ws_sched_arrive(wg);
+        fwd_ws_sched_arrive<Traits::kNConsumerWG>(wg);
         warpgroup_wait<1>();  // S_t ready; P V may still run
         warpgroup_fence_operand(acc_s_next);
         pipeline_k.consumer_release(state_k);

@@ -1,11 +1,11 @@
 // Tiles, shared-memory layouts, TMA types and shared storage of the warp-specialised sm_90a
 // forward (flash_fwd_ws_kernel_sm90.h).
 //
-// One CTA per (128-query block, batch, head), 3 warpgroups:
+// One CTA per (kBlockM-query block, batch, head), 1 + kNConsumerWG warpgroups:
 //   warpgroup 0: producer. Its warp 0 (one thread) issues the TMA loads of Q (once) and of the
 //                K / V tiles into kStages-deep mbarrier pipelines; registers cut to kProducerRegs.
-//   warpgroups 1, 2: consumers, 64 query rows each (the tile's rows [0, 64) and [64, 128)),
-//                registers raised to kConsumerRegs.
+//   warpgroups 1 .. kNConsumerWG: consumers, 64 query rows each (warpgroup w + 1 has the
+//                tile's rows [64 w, 64 w + 64)), registers raised to kConsumerRegs.
 #pragma once
 
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -21,28 +21,29 @@ namespace flash {
 using namespace cute;
 
 // Named barriers of the warp-specialised forward (ids above CUTLASS's reserved ones).
+// kSchedWG0 + w: consumer warpgroup w may issue its GEMMs (pingpong; w < 3);
+// kEpiWG0 + w: consumer warpgroup w's epilogue (128 threads).
 enum class FwdWsBarrier : uint32_t {
-    kSchedWG0 = 0,  // consumer warpgroup 0 may issue its GEMMs (pingpong)
-    kSchedWG1 = 1,  // consumer warpgroup 1 may issue its GEMMs
-    kEpiWG0 = 2,    // consumer warpgroup 0's epilogue (128 threads)
-    kEpiWG1 = 3,
+    kSchedWG0 = 0,
+    kEpiWG0 = 3,
 };
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_>
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
 struct FwdWsTraitsSm90 {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kBlockM = 128;
+    static constexpr int kNConsumerWG = kNConsumerWG_;
+    static_assert(kNConsumerWG == 2 || kNConsumerWG == 3);
+    static constexpr int kBlockM = 64 * kNConsumerWG;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kStages = kStages_;
-    static constexpr int kNConsumerWG = 2;
     static constexpr int kRowsPerWG = 64;
     static_assert(kBlockM == kNConsumerWG * kRowsPerWG);
     static constexpr int kNConsumerThreads = kNConsumerWG * 128;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
-    // 128 x 24 + 256 x 240 = 64512 <= 65536 registers (FA3's split for two consumer warpgroups).
-    static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = 240;
+    // FA3's splits: 128 x 24 + 256 x 240 = 64512 and 128 x 32 + 384 x 160 = 65536 registers.
+    static constexpr int kProducerRegs = kNConsumerWG == 2 ? 24 : 32;
+    static constexpr int kConsumerRegs = kNConsumerWG == 2 ? 240 : 160;
     static_assert(kBlockN % 16 == 0 && kHeadDim % 64 == 0);
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
