@@ -96,8 +96,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (wg == 0) {  // WG0 takes the first turn on the tensor cores
             cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
         }
+        // Varlen K/V: rows past the sequence in its last tile are the next sequence's (see fwd_ws_mma).
+        const int v_rows_valid = binfo.sum_s_k == -1 ? kBlockN : binfo.seqlen_k - (n_block_max - 1) * kBlockN;
         fwd_ws_mma<Traits>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, n_block_min, n_block_max,
-                           acc_o, softmax);
+                           v_rows_valid, acc_o, softmax);
         if (wg == 0) {  // consume WG1's last turn hand-over
             cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
         }

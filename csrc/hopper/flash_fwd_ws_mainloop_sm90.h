@@ -120,11 +120,18 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(int wg) {
 // Runs the key blocks [n_block_min, n_block_max) for the 64 rows of warpgroup wg (rows row0 ..
 // row0 + 63 of the sequence) and leaves the unnormalised O in acc_o and the statistics in softmax.
 // wg_tidx: thread index within the warpgroup.
+//
+// v_rows_valid < kBlockN: the rows of the first V tile (key block n_block_max - 1) at or past
+// v_rows_valid get zeroed in shared memory before any P V reads them. A varlen sequence's last
+// tile holds the next sequence's rows there (or, past the packed tensor's last sequence, whatever
+// memory the tensor has): P is 0 for them, but 0 x NaN would still leak into O. Dense tiles need
+// no such care (the TMA zero-fills rows past seqlen_k), nor do K tiles (masked by a select).
+// Both WGs zero the same rows (identical values; each before its own reads).
 template <typename Traits, typename TensorO, typename Softmax>
 __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                            Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
-                                           int n_block_max, TensorO &acc_o, Softmax &softmax) {
+                                           int n_block_max, int v_rows_valid, TensorO &acc_o, Softmax &softmax) {
     using Element = typename Traits::Element;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
@@ -146,6 +153,17 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         if (mask.tile_needs_mask(row0, n_block * kBlockN, kRowsPerWG, kBlockN)) {
             mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
         }
+    };
+
+    auto zero_v_tail = [&](int stage) {
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+        constexpr int kChunks = Traits::kHeadDim / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
+        const int n = (kBlockN - v_rows_valid) * kChunks;
+        for (int i = wg_tidx; i < n; i += 128) {
+            *reinterpret_cast<uint4 *>(&sV(v_rows_valid + i / kChunks, (i % kChunks) * 8, stage)) = make_uint4(0, 0, 0, 0);
+        }
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes before wgmma (async proxy) reads
+        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
     };
 
     typename Traits::PipelineState state_k, state_v;  // consumer start: stage 0, phase 0
@@ -178,6 +196,10 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     // runs while P V (and the other WG's GEMMs) occupy the tensor cores.
     for (int t = 1; t < n_blocks; ++t) {
         --n_block;
+        if (t == 1 && v_rows_valid < kBlockN) {  // outside the pingpong turn
+            pipeline_v.consumer_wait(state_v);
+            zero_v_tail(state_v.index());
+        }
         Tensor acc_s_next = new_acc_s();
         pipeline_k.consumer_wait(state_k);
         fwd_ws_sched_sync(wg);
@@ -203,6 +225,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 
     // Last P V (outside the pingpong turns).
     pipeline_v.consumer_wait(state_v);
+    if (n_blocks == 1 && v_rows_valid < kBlockN) { zero_v_tail(state_v.index()); }
     {
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/0>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
@@ -211,3 +234,31 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 }
 
 }  // namespace flash
+
+// ---- Dropout in this schedule (sketch; not implemented: the feature variant stays on the
+// lock-step kernel, flash_fwd_kernel_sm90.h) ------------------------------------------------------
+//
+// In the lock-step kernel the Philox work (dropout_fwd_generate: 4 x philox4x32_10 per thread per
+// 128 keys, ~40 integer ops each) sits between the GEMM issue and warpgroup_wait<1>, so it only
+// hides behind this warpgroup's own S GEMM, and all warpgroups hit the integer pipes at the same
+// time. Here it would go in the same slot but hide behind more:
+//
+//   pipeline_k.consumer_wait ; sched_sync(own)
+//   issue S_t = Q K_t^T ; issue O += P_{t-1} V_{t-1}
+//   sched_arrive(next)                  <- the next WG now issues its GEMMs
+//   dropout_fwd_generate(tile t)        <- Philox runs under: own S_t and P V, the other WGs' GEMMs
+//   warpgroup_wait<1> ; release K ; mask ; softmax(S_t)
+//   warpgroup_wait<0> ; release V ; rescale O ; P_t = bf16(S_t) ; dropout_fwd_apply(P_t)
+//
+// With two WGs the tensor cores alternate between them, so a WG has roughly one GEMM pair of
+// the other WG (plus its own P V) to cover its softmax + Philox, instead of only its own S GEMM.
+// The flags go through shared memory as now (4 x 16 B per thread and 128 keys: 8 KB per WG; d128
+// at 128 x 176: 208 + 16 KB fits, d256 at 128 x 80 does not: 64-key tiles there (Q 64 KB +
+// 2 x 2 x 32 KB + 16 KB)). dropout_fwd_apply assumes 64- or 128-key tiles aligned to the 128-key
+// Philox groups: the feature variant would use kBlockN = 128 (d64, d128) and 64 (d256) (or
+// generate per 128-key group with a column offset for 176 / 80). rng_state is written by the
+// producer thread (write_rng_state). Where the integer pipes are the bottleneck, giving the
+// Philox to the producer warpgroup instead (it idles: 1 thread issues TMA) would take it off the
+// consumers entirely: 3 spare producer warps generating the flags of tile t + 1 into a
+// double-buffered smem ring, guarded by one more mbarrier pair per slot (full: 96 producer-thread
+// arrivals; empty: 256 consumer arrivals), at the cost of more producer registers (~40-56).
