@@ -65,13 +65,20 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), layout="con
     assert diff <= bound, f"ws vs old out differ by {diff:.3e} > {bound:.3e}"
 
 
-def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal):
+def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0):
+    """nan_tail: rows of NaN after the last sequence of q / k / v (must not leak into out / lse)."""
     torch.manual_seed(sum(seqlens_q) + 3 * sum(seqlens_k) + d)
     cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), device="cuda", dtype=torch.int32)
     cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), device="cuda", dtype=torch.int32)
-    q = torch.randn(sum(seqlens_q), h, d, device="cuda", dtype=dtype)
-    k = torch.randn(sum(seqlens_k), hk, d, device="cuda", dtype=dtype)
-    v = torch.randn(sum(seqlens_k), hk, d, device="cuda", dtype=dtype)
+
+    def make(rows, heads):
+        t = torch.randn(rows + nan_tail, heads, d, device="cuda", dtype=dtype)
+        t[rows:] = float("nan")
+        return t
+
+    q = make(sum(seqlens_q), h)
+    k = make(sum(seqlens_k), hk)
+    v = make(sum(seqlens_k), hk)
     outs = {}
     for ws in (True, False):
         set_ws(ws)
@@ -118,6 +125,10 @@ def cases():
         ("varlen bf16 d128 causal gqa", lambda: check_varlen(bf, 128, [1, 17, 300, 129], [5, 300, 17, 129], 6, 2, True)),
         ("varlen fp16 d64 full", lambda: check_varlen(torch.float16, 64, [200, 1, 64], [64, 200, 1], 4, 4, False)),
         ("varlen bf16 d256 causal", lambda: check_varlen(bf, 256, [130, 7, 260], [260, 7, 130], 2, 2, True)),
+        ("varlen bf16 d128 NaN rows past the last seq", lambda: check_varlen(bf, 128, [100, 33], [70, 45], 4, 2, False,
+                                                                             nan_tail=200)),
+        ("varlen fp16 d64 NaN rows past the last seq", lambda: check_varlen(torch.float16, 64, [190, 5], [20, 77], 2, 2,
+                                                                            True, nan_tail=150)),
     ]
     return out
 
