@@ -58,6 +58,9 @@ struct FwdParams : QKVParams {
     // d = 256): run the generic run-time variant instead (FLASH_ATTN_D256_FEAT_OLD=1, for A/B
     // timing; the backward then also keeps the semaphore-ordered deterministic dQ).
     bool feat_generic;  // (in the padding before softcap_scale: later offsets unchanged)
+    // Run the warp-specialised sm_90a forward (hopper/flash_fwd_ws_*_sm90.h) where it applies;
+    // set by the binding from FLASH_ATTN_FWD_WS. (Sits in padding: no other field moves.)
+    bool fwd_ws;
 
     // ---- Score modifiers and dropout: all off when zero. Any of them routes the call to the
     // "feature" variants of the kernels (a template flag), so the plain kernels stay as they are.
@@ -110,6 +113,9 @@ struct FwdParams : QKVParams {
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).
     int total_q;
+    // Varlen: rows of the packed K/V tensors (the TMA bound of the warp-specialised forward).
+    // (Sits in the struct's tail padding: sizeof(FwdParams) and BwdParams' layout are unchanged.)
+    int total_k;
 };
 
 inline bool has_features(const FwdParams &p) {

@@ -127,6 +127,17 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
     p.feat_generic = d256_feat_old();
 }
 
+// FLASH_ATTN_FWD_WS=1, read at each call so that one process can time both: run the
+// warp-specialised sm_90a forward (TMA producer warp, pingpong consumer warpgroups; head-dim tiles
+// 64, 128 and 256, plain variant) where it applies. Unset / 0: the existing kernels.
+bool fwd_ws_enabled() {
+    const char *env = std::getenv("FLASH_ATTN_FWD_WS");
+    if (env == nullptr || env[0] == '\0') return false;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1", "flash_attn: FLASH_ATTN_FWD_WS must be '0' or '1', got '", choice, "'");
+    return choice == "1";
+}
+
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
 void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
@@ -350,6 +361,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_softcap(params, softmax_scale, softcap);
     set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
+    params.fwd_ws = fwd_ws_enabled();
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -594,6 +606,8 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         params.num_splits = 1;
         found = flash::run_mha_fwd_splitkv(params, stream);
     } else {
+        params.total_k = static_cast<int>(k.size(0));
+        params.fwd_ws = fwd_ws_enabled();
         found = flash::run_mha_fwd(params, stream);
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);

@@ -12,6 +12,16 @@
 
 namespace flash {
 
+#ifdef FLASH_ATTN_SM90A
+// Head-dim tiles with the warp-specialised sm_90a forward (hopper/flash_fwd_ws_launch_sm90.h),
+// instantiated in its own translation units (instantiations/flash_fwd_ws_sm90_hdim*_*.cu). It
+// returns false, launching nothing, for the calls it does not serve.
+template <int kHeadDim>
+constexpr bool kHasSm90FwdWs = kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256;
+template <typename Element, int kHeadDim>
+bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream);
+#endif
+
 template <typename Traits, bool kFeat, int kStatic = 0>
 void launch_fwd(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
@@ -63,6 +73,10 @@ void launch_fwd_feat(FwdParams &params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
+    // FLASH_ATTN_FWD_WS=1 (params.fwd_ws): the warp-specialised kernel, plain variant only.
+    if constexpr (!kFeat && kHasSm90FwdWs<kHeadDim>) {
+        if (params.use_sm90 && params.fwd_ws && run_mha_fwd_ws_sm90<Element, kHeadDim>(params, stream)) return;
+    }
     if constexpr (kHasSm90Fwd<kHeadDim>) {
         // S_dmask (return_attn_probs with dropout, for tests) is written by the SM80-class kernel only.
         if (params.use_sm90 && !(kFeat && params.s_dmask_ptr != nullptr)) {

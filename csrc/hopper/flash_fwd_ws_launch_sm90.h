@@ -1,0 +1,118 @@
+// Launch of the warp-specialised sm_90a forward: tile configuration per head dim, the TMA
+// descriptors over the params' q / k / v (dense (b, s, h, d) or varlen packed (total, h, d),
+// arbitrary row / head / batch strides, d contiguous), grid and error checks. Instantiated per
+// (dtype, head dim) by instantiations/flash_fwd_ws_sm90_hdim*_*.cu; called from run_mha_fwd_
+// (flash_fwd_launch.h) when params.fwd_ws is set (FLASH_ATTN_FWD_WS=1).
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+#include "../flash.h"
+#include "../flash_fwd_launch.h"  // the declaration of run_mha_fwd_ws_sm90
+#include "../launch_check.h"
+#include "flash_fwd_ws_kernel_sm90.h"
+#include "kernel_traits_fwd_ws_sm90.h"
+
+namespace flash {
+
+// (kBlockM, kBlockN, stages) per head dim; kBlockM = 64 x consumer warpgroups.
+//   d64:  192 x 128, 4 stages: Q 24 KB + (K + V) 4 x 32 KB  = 152 KB  (3 consumer WGs, FA3's shape)
+//   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB  (causal / sliding window)
+//         128 x 176, 2 stages: Q 32 KB + (K + V) 2 x 88 KB  = 208 KB  (no window: FA3's choice)
+//   d256: 128 x 80,  2 stages: Q 64 KB + (K + V) 2 x 80 KB  = 224 KB
+template <typename Element, int kHeadDim>
+using FwdWsTraitsFor = std::conditional_t<
+    kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3>,
+    std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>>;
+template <typename Element>
+using FwdWsTraitsD128Wide = FwdWsTraitsSm90<128, 176, 2, Element>;
+
+namespace fwd_ws_detail {
+
+// TMA wants every global stride a multiple of 16 bytes; a mode of extent 1 is never stepped
+// through, so its stride may be anything: give it one the TMA accepts.
+inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
+inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
+
+template <typename Traits>
+void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
+    using Element = typename Traits::Element;
+    FwdWsKernelParams<Traits> kp{};
+    kp.p = params;
+    kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
+    kp.shape_k = make_shape(rows_k, params.d, params.h_k, batch_k);
+    auto gmem = [&](void *ptr, typename Traits::GmemShape shape, int64_t row_stride, int64_t head_stride,
+                    int64_t batch_stride) {
+        return make_tensor(make_gmem_ptr(static_cast<Element const *>(ptr)), shape,
+                           make_stride(tma_stride(row_stride, get<0>(shape)), _1{}, tma_stride(head_stride, get<2>(shape)),
+                                       tma_stride(batch_stride, get<3>(shape))));
+    };
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.q_ptr, kp.shape_q, params.q_row_stride, params.q_head_stride,
+                                                   params.q_batch_stride),
+                             typename Traits::SmemLayoutQTile{}, Shape<Int<Traits::kRowsPerWG>, Int<Traits::kHeadDim>>{}, _1{});
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.k_ptr, kp.shape_k, params.k_row_stride, params.k_head_stride,
+                                                   params.k_batch_stride),
+                             typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.v_ptr, kp.shape_k, params.v_row_stride, params.v_head_stride,
+                                                   params.v_batch_stride),
+                             typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+
+    constexpr int smem_size = Traits::kSmemSize;
+    auto kernel = &flash_fwd_ws_kernel_sm90<Traits>;
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.b, params.h);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
+    FLASH_CHECK_LAUNCH();
+}
+
+}  // namespace fwd_ws_detail
+
+// Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
+// the existing forward. Not served: KV-cache refinements (seqused_k, leftpad_k, kv_batch_idx,
+// paged K/V), score modifiers / dropout (the caller only asks for the plain variant), strides the
+// TMA cannot address (not multiples of 16 bytes), a varlen call without total_k.
+template <typename Element, int kHeadDim>
+bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90FwdWs<kHeadDim>);
+    using Traits = FwdWsTraitsFor<Element, kHeadDim>;
+    if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
+        params.block_table != nullptr || has_features(params) || params.d > kHeadDim || params.d % 8 != 0) {
+        return false;
+    }
+    const bool varlen_q = params.cu_seqlens_q != nullptr;
+    const bool varlen_k = params.cu_seqlens_k != nullptr;
+    const int rows_q = varlen_q ? params.total_q : params.seqlen_q;
+    const int batch_q = varlen_q ? 1 : params.b;
+    const int rows_k = varlen_k ? params.total_k : params.seqlen_k;
+    const int batch_k = varlen_k ? 1 : params.b;
+    if (rows_q <= 0 || rows_k <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(params.q_ptr) % 16 != 0 || reinterpret_cast<uintptr_t>(params.k_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.v_ptr) % 16 != 0) {
+        return false;
+    }
+    using fwd_ws_detail::tma_stride_ok;
+    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
+          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.k_row_stride, rows_k) &&
+          tma_stride_ok(params.k_head_stride, params.h_k) && tma_stride_ok(params.k_batch_stride, batch_k) &&
+          tma_stride_ok(params.v_row_stride, rows_k) && tma_stride_ok(params.v_head_stride, params.h_k) &&
+          tma_stride_ok(params.v_batch_stride, batch_k))) {
+        return false;
+    }
+    if constexpr (kHeadDim == 128) {
+        // 176-key tiles without a window (fewer, longer iterations); FLASH_ATTN_FWD_WS_D128_N=128
+        // forces the 128-key tiles (read at each call, for A/B timing).
+        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D128_N");
+        const bool force_128 = env != nullptr && std::strcmp(env, "128") == 0;
+        if (!force_128 && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
+            fwd_ws_detail::launch<FwdWsTraitsD128Wide<Element>>(params, stream, rows_q, batch_q, rows_k, batch_k);
+            return true;
+        }
+    }
+    fwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, rows_k, batch_k);
+    return true;
+}
+
+}  // namespace flash

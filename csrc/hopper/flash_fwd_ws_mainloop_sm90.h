@@ -1,0 +1,264 @@
+// Main loop of the warp-specialised sm_90a forward: the producer's TMA loads and the consumer
+// warpgroups' GEMMs + online softmax.
+//
+// Pipelines (cutlass::PipelineTmaAsync, kStages slots each, separate for K and V):
+//   full[s]:  1 producer arrival (arrive_and_expect_tx by the producer thread) + the TMA bytes.
+//   empty[s]: 256 arrivals, one per consumer thread (consumer_release); cluster size 1.
+// Load order (producer):   K[0], {K[t], V[t-1]} for t = 1 .. n-1, V[n-1]  (walk t: key block
+//                          n_block_max - 1 - t, from the right so causal blocks mask first).
+// Consume order (each WG): K[0]; {K[t], V[t-1]} for t >= 1; V[n-1]. Both WGs read every stage
+//                          and each of their 256 threads releases it once.
+// Q: one mbarrier (arrival count 1, 2 x 64-row TMA tiles of bytes), waited at phase 0.
+//
+// Pingpong (named barriers kSchedWG0 + w, 256 threads each): a WG issues its GEMMs of an
+// iteration only between sync(own) and arrive(next = (w + 1) % kNConsumerWG), so the WGs take
+// turns on the tensor cores in a ring and one WG's softmax runs under the others' GEMMs:
+//   start:            WG0 arrive(kSchedWG0)                     (WG0 goes first)
+//   every iteration:  sync(own) ; issue S = Q K^T [; O += P V] ; arrive(next)
+//   end:              WG0 sync(kSchedWG0)   consumes the last WG's last arrive (leaves no
+//                     barrier half-complete at exit)
+// Both WGs run the same number of iterations (the key-block range is the CTA's, not the WG's).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "../block_info.h"
+#include "../flash.h"
+#include "../mask.h"
+#include "../softmax.h"
+#include "../utils.h"
+#include "flash_fwd_kernel_sm90.h"  // wgmma()
+#include "kernel_traits_fwd_ws_sm90.h"
+
+namespace flash {
+
+using namespace cute;
+
+// ---- producer: one thread ---------------------------------------------------------------------
+template <typename Traits>
+__forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
+                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
+                                            BlockInfo const &binfo, int m_block, int bidb, int bidh, int bidh_k,
+                                            int n_block_min, int n_block_max) {
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kRowsPerWG = Traits::kRowsPerWG;
+    const bool varlen_q = binfo.sum_s_q != -1;
+    const bool varlen_k = binfo.sum_s_k != -1;
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+
+    // Varlen: the sequence starts at row cu_seqlens[b] of the packed tensor (batch index 0).
+    Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, bidh, varlen_q ? 0 : bidb);
+    Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, bidh_k, varlen_k ? 0 : bidb);
+    Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_k)(_, _, bidh_k, varlen_k ? 0 : bidb);
+    Tensor gQ = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mQ),
+                           Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m)
+    Tensor gK = local_tile(domain_offset(make_coord(varlen_k ? binfo.sum_s_k : 0, _0{}), mK),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
+    Tensor gV = local_tile(domain_offset(make_coord(varlen_k ? binfo.sum_s_k : 0, _0{}), mV),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+
+    // (TMA, tile) views of global and (TMA, slot) views of shared memory.
+    auto tma_q = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto tma_k = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto tma_v = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    auto &tQgQ = get<0>(tma_q);
+    auto &tQsQ = get<1>(tma_q);
+    auto &tKgK = get<0>(tma_k);
+    auto &tKsK = get<1>(tma_k);
+    auto &tVgV = get<0>(tma_v);
+    auto &tVsV = get<1>(tma_v);
+
+    using Barrier = cutlass::arch::ClusterTransactionBarrier;
+    Barrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kNConsumerWG * Traits::kQTileBytes);
+    CUTE_UNROLL
+    for (int wg = 0; wg < Traits::kNConsumerWG; ++wg) {
+        copy(kp.tma_q.with(ss.barrier_q, 0, TMA::CacheHintSm90::EVICT_FIRST), tQgQ(_, m_block * Traits::kNConsumerWG + wg),
+             tQsQ(_, wg));
+    }
+
+    // K / V are read by every query block of the head: keep them in L2.
+    auto state_k = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    auto state_v = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    auto load_k = [&](int n_block) {
+        pipeline_k.producer_acquire(state_k);
+        copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(state_k), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tKgK(_, n_block), tKsK(_, state_k.index()));
+        ++state_k;
+    };
+    auto load_v = [&](int n_block) {
+        pipeline_v.producer_acquire(state_v);
+        copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(state_v), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tVgV(_, n_block), tVsV(_, state_v.index()));
+        ++state_v;
+    };
+    load_k(n_block_max - 1);
+    for (int n_block = n_block_max - 2; n_block >= n_block_min; --n_block) {
+        load_k(n_block);
+        load_v(n_block + 1);
+    }
+    load_v(n_block_min);
+    // No producer_tail: without clusters the CTA (and its shared memory) lives until the
+    // consumers finish, and every slot issued here is consumed by them.
+}
+
+// ---- consumers: one warpgroup --------------------------------------------------------------------
+__forceinline__ __device__ void fwd_ws_sched_sync(int wg) {
+    cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + wg);
+}
+template <int kNConsumerWG>
+__forceinline__ __device__ void fwd_ws_sched_arrive(int wg) {
+    const int next = wg + 1 == kNConsumerWG ? 0 : wg + 1;
+    cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + next);
+}
+
+// Runs the key blocks [n_block_min, n_block_max) for the 64 rows of warpgroup wg (rows row0 ..
+// row0 + 63 of the sequence) and leaves the unnormalised O in acc_o and the statistics in softmax.
+// wg_tidx: thread index within the warpgroup.
+//
+// v_rows_valid < kBlockN: the rows of the first V tile (key block n_block_max - 1) at or past
+// v_rows_valid get zeroed in shared memory before any P V reads them. A varlen sequence's last
+// tile holds the next sequence's rows there (or, past the packed tensor's last sequence, whatever
+// memory the tensor has): P is 0 for them, but 0 x NaN would still leak into O. Dense tiles need
+// no such care (the TMA zero-fills rows past seqlen_k), nor do K tiles (masked by a select).
+// Both WGs zero the same rows (identical values; each before its own reads).
+template <typename Traits, typename TensorO, typename Softmax>
+__forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
+                                           typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
+                                           Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
+                                           int n_block_max, int v_rows_valid, TensorO &acc_o, Softmax &softmax) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kRowsPerWG = Traits::kRowsPerWG;
+
+    typename Traits::TiledMmaQK tiled_mma_qk;
+    typename Traits::TiledMmaPV tiled_mma_pv;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(wg_tidx);
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(wg_tidx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ(_, _, wg));  // smem descriptors
+    Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);            // (MMA, MMA_N, MMA_K, stage)
+    Tensor tOrVt = thr_mma_pv.partition_fragment_B(sVt);          // (MMA, MMA_N, MMA_K, stage)
+    Tensor coords_s = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kRowsPerWG>, Int<kBlockN>>{}));
+    auto new_acc_s = [&]() { return partition_fragment_C(tiled_mma_qk, Shape<Int<kRowsPerWG>, Int<kBlockN>>{}); };
+    auto mask_tile = [&](auto &acc_s, int n_block) {
+        if (mask.tile_needs_mask(row0, n_block * kBlockN, kRowsPerWG, kBlockN)) {
+            mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
+        }
+    };
+
+    auto zero_v_tail = [&](int stage) {
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+        constexpr int kChunks = Traits::kHeadDim / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
+        const int n = (kBlockN - v_rows_valid) * kChunks;
+        for (int i = wg_tidx; i < n; i += 128) {
+            *reinterpret_cast<uint4 *>(&sV(v_rows_valid + i / kChunks, (i % kChunks) * 8, stage)) = make_uint4(0, 0, 0, 0);
+        }
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes before wgmma (async proxy) reads
+        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
+    };
+
+    typename Traits::PipelineState state_k, state_v;  // consumer start: stage 0, phase 0
+    const int n_blocks = n_block_max - n_block_min;
+    int n_block = n_block_max - 1;
+
+    // Q landed (phase 0 of its barrier; it is used once).
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
+
+    // First tile: S_0 alone.
+    Tensor acc_s = new_acc_s();
+    pipeline_k.consumer_wait(state_k);
+    fwd_ws_sched_sync(wg);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
+    fwd_ws_sched_arrive<Traits::kNConsumerWG>(wg);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
+    pipeline_k.consumer_release(state_k);
+    ++state_k;
+    mask_tile(acc_s, n_block);
+    softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
+    Tensor rP = make_tensor<Element>(acc_s.layout());
+    {
+        Tensor converted = convert_type<Element>(acc_s);
+        cute::copy(converted, rP);
+    }
+    clear(acc_o);
+
+    // Iteration t: S_t = Q K[t]^T and O += P_{t-1} V[t-1] in flight together; the softmax of S_t
+    // runs while P V (and the other WG's GEMMs) occupy the tensor cores.
+    for (int t = 1; t < n_blocks; ++t) {
+        --n_block;
+        if (t == 1 && v_rows_valid < kBlockN) {  // outside the pingpong turn
+            pipeline_v.consumer_wait(state_v);
+            zero_v_tail(state_v.index());
+        }
+        Tensor acc_s_next = new_acc_s();
+        pipeline_k.consumer_wait(state_k);
+        fwd_ws_sched_sync(wg);
+        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s_next);
+        pipeline_v.consumer_wait(state_v);
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
+        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
+        fwd_ws_sched_arrive<Traits::kNConsumerWG>(wg);
+        warpgroup_wait<1>();  // S_t ready; P V may still run
+        warpgroup_fence_operand(acc_s_next);
+        pipeline_k.consumer_release(state_k);
+        ++state_k;
+        mask_tile(acc_s_next, n_block);
+        auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+        softmax.rescale_o(acc_o, rescale);
+        Tensor converted = convert_type<Element>(acc_s_next);
+        cute::copy(converted, rP);
+    }
+
+    // Last P V (outside the pingpong turns).
+    pipeline_v.consumer_wait(state_v);
+    if (n_blocks == 1 && v_rows_valid < kBlockN) { zero_v_tail(state_v.index()); }
+    {
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
+        wgmma</*kZeroInit=*/false, /*kWait=*/0>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
+    }
+    pipeline_v.consumer_release(state_v);
+}
+
+}  // namespace flash
+
+// ---- Dropout in this schedule (sketch; not implemented: the feature variant stays on the
+// lock-step kernel, flash_fwd_kernel_sm90.h) ------------------------------------------------------
+//
+// In the lock-step kernel the Philox work (dropout_fwd_generate: 4 x philox4x32_10 per thread per
+// 128 keys, ~40 integer ops each) sits between the GEMM issue and warpgroup_wait<1>, so it only
+// hides behind this warpgroup's own S GEMM, and all warpgroups hit the integer pipes at the same
+// time. Here it would go in the same slot but hide behind more:
+//
+//   pipeline_k.consumer_wait ; sched_sync(own)
+//   issue S_t = Q K_t^T ; issue O += P_{t-1} V_{t-1}
+//   sched_arrive(next)                  <- the next WG now issues its GEMMs
+//   dropout_fwd_generate(tile t)        <- Philox runs under: own S_t and P V, the other WGs' GEMMs
+//   warpgroup_wait<1> ; release K ; mask ; softmax(S_t)
+//   warpgroup_wait<0> ; release V ; rescale O ; P_t = bf16(S_t) ; dropout_fwd_apply(P_t)
+//
+// With two WGs the tensor cores alternate between them, so a WG has roughly one GEMM pair of
+// the other WG (plus its own P V) to cover its softmax + Philox, instead of only its own S GEMM.
+// The flags go through shared memory as now (4 x 16 B per thread and 128 keys: 8 KB per WG; d128
+// at 128 x 176: 208 + 16 KB fits, d256 at 128 x 80 does not: 64-key tiles there (Q 64 KB +
+// 2 x 2 x 32 KB + 16 KB)). dropout_fwd_apply assumes 64- or 128-key tiles aligned to the 128-key
+// Philox groups: the feature variant would use kBlockN = 128 (d64, d128) and 64 (d256) (or
+// generate per 128-key group with a column offset for 176 / 80). rng_state is written by the
+// producer thread (write_rng_state). Where the integer pipes are the bottleneck, giving the
+// Philox to the producer warpgroup instead (it idles: 1 thread issues TMA) would take it off the
+// consumers entirely: 3 spare producer warps generating the flags of tile t + 1 into a
+// double-buffered smem ring, guarded by one more mbarrier pair per slot (full: 96 producer-thread
+// arrivals; empty: 256 consumer arrivals), at the cost of more producer registers (~40-56).

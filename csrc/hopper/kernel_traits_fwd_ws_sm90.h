@@ -1,0 +1,110 @@
+// Tiles, shared-memory layouts, TMA types and shared storage of the warp-specialised sm_90a
+// forward (flash_fwd_ws_kernel_sm90.h).
+//
+// One CTA per (kBlockM-query block, batch, head), 1 + kNConsumerWG warpgroups:
+//   warpgroup 0: producer. Its warp 0 (one thread) issues the TMA loads of Q (once) and of the
+//                K / V tiles into kStages-deep mbarrier pipelines; registers cut to kProducerRegs.
+//   warpgroups 1 .. kNConsumerWG: consumers, 64 query rows each (warpgroup w + 1 has the
+//                tile's rows [64 w, 64 w + 64)), registers raised to kConsumerRegs.
+#pragma once
+
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "../kernel_traits.h"
+#include "kernel_traits_sm90.h"  // GmmaSmemAtomK
+
+namespace flash {
+
+using namespace cute;
+
+// Named barriers of the warp-specialised forward (ids above CUTLASS's reserved ones).
+// kSchedWG0 + w: consumer warpgroup w may issue its GEMMs (pingpong; w < 3);
+// kEpiWG0 + w: consumer warpgroup w's epilogue (128 threads).
+enum class FwdWsBarrier : uint32_t {
+    kSchedWG0 = 0,
+    kEpiWG0 = 3,
+};
+
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
+struct FwdWsTraitsSm90 {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kNConsumerWG = kNConsumerWG_;
+    static_assert(kNConsumerWG == 2 || kNConsumerWG == 3);
+    static constexpr int kBlockM = 64 * kNConsumerWG;
+    static constexpr int kBlockN = kBlockN_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kRowsPerWG = 64;
+    static_assert(kBlockM == kNConsumerWG * kRowsPerWG);
+    static constexpr int kNConsumerThreads = kNConsumerWG * 128;
+    static constexpr int kNThreads = 128 + kNConsumerThreads;
+    // FA3's splits: 128 x 24 + 256 x 240 = 64512 and 128 x 32 + 384 x 160 = 65536 registers.
+    static constexpr int kProducerRegs = kNConsumerWG == 2 ? 24 : 32;
+    static constexpr int kConsumerRegs = kNConsumerWG == 2 ? 240 : 160;
+    static_assert(kBlockN % 16 == 0 && kHeadDim % 64 == 0);
+
+    // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
+    using TiledMmaQK = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>()));
+    using TiledMmaPV = decltype(make_tiled_mma(
+        GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                             GMMA::Major::MN>()));
+
+    using SmemAtom = GmmaSmemAtomK<Element, kHeadDim>;
+    // Q: one (64, d) tile per consumer warpgroup, each loaded by its own TMA copy.
+    using SmemLayoutQTile = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}));
+    using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDim>, Int<kNConsumerWG>>{}));
+    using SmemLayoutKVTile = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+    // V^T (d, n, stage) over V's bytes: the MN-major B operand of O += P V.
+    using SmemLayoutVt = decltype(composition(
+        SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+    // Epilogue, per consumer warpgroup: O (64, d) through the FA2-style swizzled tile (in the
+    // warpgroup's own Q tile, which no GEMM reads any more) and 16-byte stores by 128 threads.
+    using EpiBase = KernelTraitsBase<kHeadDim, kRowsPerWG, kBlockN, 4, Element>;
+    using SmemLayoutO = decltype(tile_to_shape(typename EpiBase::SmemLayoutAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}));
+    static_assert(cosize(SmemLayoutO{}) <= cosize(SmemLayoutQTile{}));
+
+    // Global tensors as the TMA sees them: (rows, d, heads, batch), d contiguous. Dense: rows =
+    // seqlen, batch = b. Varlen: rows = total rows of the packed tensor, batch = 1.
+    using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+    using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+    using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const *>(nullptr)), GmemShape{}, GmemStride{}));
+    using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQTile{},
+                                        Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, _1{}));
+    using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
+                                         Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+    static constexpr uint32_t kQTileBytes = kRowsPerWG * kHeadDim * sizeof(Element);
+    static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
+
+    using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+    using PipelineState = typename Pipeline::PipelineState;
+
+    struct SharedStorage {
+        cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> smem_q;
+        cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> smem_k;
+        cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> smem_v;
+        typename Pipeline::SharedStorage pipeline_k;
+        typename Pipeline::SharedStorage pipeline_v;
+        alignas(8) uint64_t barrier_q;
+    };
+    static constexpr int kSmemSize = sizeof(SharedStorage);
+    static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
+};
+
+// Kernel arguments: the plain parameters plus the TMA descriptors (grid constants: TMA reads the
+// descriptors from parameter space) and the global shapes they were built with.
+template <typename Traits>
+struct FwdWsKernelParams {
+    FwdParams p;
+    typename Traits::TmaQ tma_q;
+    typename Traits::TmaKV tma_k;
+    typename Traits::TmaKV tma_v;
+    typename Traits::GmemShape shape_q, shape_k;
+};
+
+}  // namespace flash
