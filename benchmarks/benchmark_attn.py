@@ -134,6 +134,10 @@ def parse_args(argv=None):
                         "128..4096 (fixed seed); ours varlen vs ours dense, fwd/bwd TFLOP/s")
     p.add_argument("--decode-page", type=int, default=16,
                    help="page size of the paged-cache decode variant (default: 16)")
+    p.add_argument("--decode-rounds", type=int, default=3,
+                   help="decode: time every backend this many times, in interleaved rounds "
+                        "(ours, paged, flash, cudnn, ..., then again), and report the median; "
+                        "clock / thermal drift over a run then hits every backend alike (default: 3)")
     p.add_argument("--features", action="store_true",
                    help="feature-cost mode instead of the grid: ours only, plain vs sliding "
                         "window (left=512), ALiBi, dropout 0.1, softcap and the deterministic "
@@ -735,7 +739,8 @@ def run_decode(bench, args, rows):
     for b in backends:
         shown += [b, "ours_paged%d" % args.decode_page] if b == "ours" else [b]
     print("\nDecode: bf16, seqlen_q=1, %d q heads / %d kv heads, d=%d; GB/s = bytes of K and V "
-          "(GQA-sized) / median time; timer: %s" % (h, hk, d, bench.timer_kind))
+          "(GQA-sized) / median time (median of %d interleaved rounds); timer: %s" % (
+              h, hk, d, max(1, args.decode_rounds), bench.timer_kind))
     hdr = "%6s %8s %9s |" % ("batch", "seqlen_k", "KV MB") + "".join(" %12s |" % b for b in shown)
     print(hdr)
     print("-" * len(hdr))
@@ -750,51 +755,46 @@ def run_decode(bench, args, rows):
         except Exception as e:  # noqa: BLE001
             bench.report_failure("inputs", what, e)
             continue
-        cells = {}
+        # One timing of each variant per round; rounds interleave the backends.
+        variants = []  # (name, record template, timing function)
         for backend in backends:
             if backend == "ours":
                 for variant, page in (("ours", None), ("ours_paged%d" % args.decode_page, args.decode_page)):
                     rec = dict(cfg, backend=variant, n_input_sets=n_sets, kv_bytes=kv_bytes,
                                note="flash_attn_with_kvcache" + (", page %d" % page if page else ""))
-                    try:
-                        ms = time_decode_ours(bench, sets, page)
-                    except StickyCudaError:
-                        raise
-                    except Exception as e:  # noqa: BLE001
-                        ms = None
-                        rec["note"] = bench.report_failure(variant, what, e)
-                    rec["fwd_ms"] = ms
-                    rec["gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
-                    rows.append(rec)
-                    cells[variant] = "%.0f" % rec["gbps"] if ms else "n/a"
+                    variants.append((variant, rec, lambda page=page: (time_decode_ours(bench, sets, page), None)))
                 continue
             rec = dict(cfg, backend=backend, n_input_sets=n_sets, kv_bytes=kv_bytes, note="")
-            ms, note = None, ""
-            attempts = []
-            if backend in SDPA_BACKEND_NAMES:
-                attempts = [("enable_gqa=True", True, None),
-                            ("kv heads repeated x%d outside the timed region (kernel reads %dx the "
-                             "bytes; GB/s still counts GQA-sized K,V)" % (h // hk, h // hk), False,
-                             lambda t: t.repeat_interleave(h // hk, dim=2))]
-            elif backend == "naive":
-                attempts = [("matmul+softmax; kv heads expanded inside the timed region", False, None)]
-            else:
-                attempts = [("native GQA", False, None)]
-            errs = []
-            for label, gqa, kvt in attempts:
+            variants.append((backend, rec, lambda backend=backend: time_decode_other(bench, backend, cfg, sets, what, h, hk)))
+        times = {name: [] for name, _, _ in variants}
+        notes = {name: rec["note"] for name, rec, _ in variants}
+        for _ in range(max(1, args.decode_rounds)):
+            for name, rec, fn in variants:
+                if times[name] is None:  # failed in an earlier round
+                    continue
                 try:
-                    ms = bench.time_phase(backend, "fwd", cfg, sets, enable_gqa=gqa, kv_transform=kvt)
-                    note = label
-                    break
+                    ms, note = fn()
                 except StickyCudaError:
                     raise
                 except Exception as e:  # noqa: BLE001
-                    errs.append("%s: %s" % (label, bench.report_failure(backend, "%s (%s)" % (what, label), e)))
+                    ms, note = None, bench.report_failure(name, what, e)
+                if ms is None:
+                    times[name] = None
+                    notes[name] = note
+                    continue
+                times[name].append(ms)
+                if note is not None:
+                    notes[name] = note
+        cells = {}
+        for name, rec, _ in variants:
+            ms = sorted(times[name])[len(times[name]) // 2] if times[name] else None
             rec["fwd_ms"] = ms
             rec["gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
-            rec["note"] = note if ms else "; ".join(errs)
+            rec["rounds_ms"] = times[name] or []
+            rec["note"] = notes[name] or ""
             rows.append(rec)
-            cells[backend] = ("%.0f%s" % (rec["gbps"], "*" if "outside the timed" in note else "")) if ms else "n/a"
+            star = "*" if ms and "outside the timed" in (notes[name] or "") else ""
+            cells[name] = ("%.0f%s" % (rec["gbps"], star)) if ms else "n/a"
         del sets
         _empty_cache(torch)
         print("%6d %8d %9.0f |" % (batch, sk, kv_bytes / 1e6) +
@@ -803,6 +803,31 @@ def run_decode(bench, args, rows):
         print("  * SDPA backend refused enable_gqa: K,V were repeated to %d heads outside the timed "
               "region, so the kernel read %dx more bytes than counted." % (h, h // hk))
 
+
+
+def time_decode_other(bench, backend, cfg, sets, what, h, hk):
+    """(median ms, note) of an SDPA / naive backend on the decode shape; raises when every
+    attempt fails. SDPA backends try enable_gqa first, then K/V heads repeated outside the timed
+    region (the kernel then reads h / hk times the counted bytes)."""
+    attempts = []
+    if backend in SDPA_BACKEND_NAMES:
+        attempts = [("enable_gqa=True", True, None),
+                    ("kv heads repeated x%d outside the timed region (kernel reads %dx the "
+                     "bytes; GB/s still counts GQA-sized K,V)" % (h // hk, h // hk), False,
+                     lambda t: t.repeat_interleave(h // hk, dim=2))]
+    elif backend == "naive":
+        attempts = [("matmul+softmax; kv heads expanded inside the timed region", False, None)]
+    else:
+        attempts = [("native GQA", False, None)]
+    errs = []
+    for label, gqa, kvt in attempts:
+        try:
+            return bench.time_phase(backend, "fwd", cfg, sets, enable_gqa=gqa, kv_transform=kvt), label
+        except StickyCudaError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            errs.append("%s: %s" % (label, bench.report_failure(backend, "%s (%s)" % (what, label), e)))
+    raise RuntimeError("; ".join(errs))
 
 
 def time_decode_ours(bench, sets, page):
