@@ -196,7 +196,7 @@ def check_dropout_mask(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), p=0.
         for j0 in range(0, sk, d):
             n = min(d, sk - j0)
             v = torch.zeros(b, sk, hk, d, device="cuda", dtype=dtype)
-            v[:, j0:j0 + n, :, :n] = torch.eye(n, device="cuda", dtype=dtype)
+            v[:, j0:j0 + n, :, :n] = torch.eye(n, device="cuda", dtype=dtype)[:, None, :]  # v[j0 + c, :, c] = 1
             out, _, (seed, offset) = fwd_feat(q, k, v, causal, window, 0.0, slopes, p, ws=ws)
             if ref is None:
                 ref = U.dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()

@@ -149,10 +149,10 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
 // no such care (the TMA zero-fills rows past seqlen_k), nor do K tiles (masked by a select).
 // Both WGs zero the same rows (identical values; each before its own reads).
 //
-// kFeat: apply feat->score_mod to every S tile before the mask and, with dropout (params.p_dropout
+// kFeat: apply feat.score_mod to every S tile before the mask and, with dropout (params.p_dropout
 // > 0, Traits::kDropoutTiles only), the dropout mask to every P tile ("Dropout in the pingpong"
-// below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its 4 x 128 x 16-byte
-// flags area (each thread's keep flags of one 128-key Philox group, dropout_sm90.h).
+// below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
+// 4 x 128 x 16-byte flags area (each thread's keep flags of one 128-key Philox group).
 template <typename Traits, bool kFeat, typename TensorO, typename Softmax>
 __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
@@ -191,9 +191,10 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 
     // ---- Dropout in the pingpong ----
     // The keep flags of tile n_blk are a pure function of (seed, offset, b, h, row, col): each
-    // thread runs dropout_fwd_generate<128> on its warpgroup's (64, kBlockN) accumulator
-    // coordinates, i.e. exactly the Philox calls of the lock-step kernel's threads that own the
-    // same rows (four per 128-key group: counters (base + 4 (col / 128) + g, row / 16 * 32 +
+    // thread runs dropout_fwd_generate_group<128> (the counters of dropout_fwd_generate, computed
+    // from the column inside the group) on its warpgroup's (64, kBlockN) accumulator coordinates,
+    // i.e. exactly the Philox calls of the lock-step kernel's threads that own the same elements
+    // (four per 128-key group: counters (base + 4 (col / 128) + g, row / 16 * 32 +
     // (row % 8) * 4 + (col % 8) / 2, b h) for its row = row0 + 16 warp + lane / 4 and the column
     // col = 128 (col0 / 128) + 8 g + 2 (lane % 4) of atom g = 0..3, words t = 0..3 for the atoms
     // 32 t apart). Only the tile widths that keep the 128-key groups whole are allowed (64, 128:
