@@ -117,8 +117,10 @@ def _extensions():
                 # The sm_90a bulk-copy decode kernel (hopper/flash_fwd_decode_sm90.h).
                 sources.append(f"csrc/instantiations/flash_fwd_split_sm90_hdim{d}_{dt}.cu")
             if "90" in archs and d in (64, 128, 256):
-                # The warp-specialised sm_90a forward (FLASH_ATTN_FWD_WS=1; hopper/flash_fwd_ws_*).
-                sources.append(f"csrc/instantiations/flash_fwd_ws_sm90_hdim{d}_{dt}.cu")
+                # The warp-specialised sm_90a forward (FLASH_ATTN_FWD_WS=1; hopper/flash_fwd_ws_*),
+                # plain and softcap / ALiBi / dropout ("_feat") variants.
+                sources += [f"csrc/instantiations/flash_fwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
+                            for variant in ("", "_feat")]
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

@@ -129,7 +129,8 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
 
 // FLASH_ATTN_FWD_WS=1, read at each call so that one process can time both: run the
 // warp-specialised sm_90a forward (TMA producer warp, pingpong consumer warpgroups; head-dim tiles
-// 64, 128 and 256, plain variant) where it applies. Unset / 0: the existing kernels.
+// 64, 128 and 256; plain and softcap / ALiBi / dropout variants, not S_dmask) where it applies.
+// Unset / 0: the existing kernels.
 bool fwd_ws_enabled() {
     const char *env = std::getenv("FLASH_ATTN_FWD_WS");
     if (env == nullptr || env[0] == '\0') return false;

@@ -14,11 +14,12 @@ namespace flash {
 
 #ifdef FLASH_ATTN_SM90A
 // Head-dim tiles with the warp-specialised sm_90a forward (hopper/flash_fwd_ws_launch_sm90.h),
-// instantiated in its own translation units (instantiations/flash_fwd_ws_sm90_hdim*_*.cu). It
-// returns false, launching nothing, for the calls it does not serve.
+// instantiated in its own translation units (instantiations/flash_fwd_ws_sm90_hdim*_*{,_feat}.cu,
+// kFeat = the softcap / ALiBi / dropout variant). It returns false, launching nothing, for the
+// calls it does not serve (among them S_dmask).
 template <int kHeadDim>
 constexpr bool kHasSm90FwdWs = kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256;
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kFeat>
 bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream);
 #endif
 
@@ -73,9 +74,12 @@ void launch_fwd_feat(FwdParams &params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
-    // FLASH_ATTN_FWD_WS=1 (params.fwd_ws): the warp-specialised kernel, plain variant only.
-    if constexpr (!kFeat && kHasSm90FwdWs<kHeadDim>) {
-        if (params.use_sm90 && params.fwd_ws && run_mha_fwd_ws_sm90<Element, kHeadDim>(params, stream)) return;
+    // FLASH_ATTN_FWD_WS=1 (params.fwd_ws): the warp-specialised kernel, plain or feature variant
+    // (not S_dmask: it declines, and the calls below run).
+    if constexpr (kHasSm90FwdWs<kHeadDim>) {
+        if (params.use_sm90 && params.fwd_ws && run_mha_fwd_ws_sm90<Element, kHeadDim, kFeat>(params, stream)) {
+            return;
+        }
     }
     if constexpr (kHasSm90Fwd<kHeadDim>) {
         // S_dmask (return_attn_probs with dropout, for tests) is written by the SM80-class kernel only.

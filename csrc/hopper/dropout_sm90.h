@@ -73,6 +73,26 @@ __forceinline__ __device__ void dropout_fwd_generate(Dropout const &dropout, Ten
     }
 }
 
+// The same flags as dropout_fwd_generate, for the warp-specialised forward: kUnroll Philox calls
+// in flight at a time (register pressure at 160 / 240 registers), and counters computed from the
+// column inside the 128-key group: for col = 128 q + c (0 <= c < 128), dropout_counter(base, bh,
+// row, col) == dropout_counter(base + 4 q, bh, row, c) (x = base + 4 q + (c / 8) % 4, z uses c % 8).
+template <int kThreads, int kUnroll, typename TensorCoord>
+__forceinline__ __device__ void dropout_fwd_generate_group(Dropout const &dropout, TensorCoord const &coords, int row0,
+                                                           int col0, uint4 *flags, int tidx) {
+    static_assert(4 % kUnroll == 0);
+    const DropFlags drop_flags(dropout.threshold);
+    const uint64_t base = dropout.base + uint64_t(4 * (col0 / 128));
+#pragma unroll kUnroll
+    for (int g = 0; g < 4; ++g) {
+        const int row = row0 + get<0>(coords(4 * g));
+        const int c = get<1>(coords(4 * g));  // 8 g + 2 (lane % 4): (c / 8) % 4 == g
+        uint4 r = philox4x32_10(dropout_counter(base, dropout.bh, row, c), dropout.k0, dropout.k1);
+        r = make_uint4(drop_flags(r.x), drop_flags(r.y), drop_flags(r.z), drop_flags(r.w));
+        flags[g * kThreads + tidx] = r;
+    }
+}
+
 // Clears the dropped elements of the packed P of the tile at col0 (kBlockN = 64 or 128 columns;
 // a 64-column tile uses words 0-1 or 2-3 of each group).
 template <int kBlockN, int kThreads, typename TensorP>

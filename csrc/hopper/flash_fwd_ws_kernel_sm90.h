@@ -2,7 +2,8 @@
 // TMA into mbarrier pipelines; 2 or 3 consumer warpgroups (64 query rows each) take turns on the
 // tensor cores (pingpong) and overlap each tile's softmax with their own P V GEMM (intra-warpgroup
 // overlap). See kernel_traits_fwd_ws_sm90.h (roles, tiles) and flash_fwd_ws_mainloop_sm90.h (the
-// barrier protocol). Plain variant only (no softcap / ALiBi / dropout).
+// barrier protocol). kFeat: the softcap / ALiBi / dropout variant (no S_dmask: those calls stay on
+// the SM80-class kernel); dropout only with 64- or 128-key tiles (Traits::kDropoutTiles).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,7 +23,7 @@ namespace flash {
 
 using namespace cute;
 
-template <typename Traits>
+template <typename Traits, bool kFeat = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_ws_kernel_sm90(const __grid_constant__ FwdWsKernelParams<Traits> kp) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -41,6 +42,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
+    if constexpr (kFeat) { write_rng_state(params); }  // thread 0 of CTA (0, 0, 0), before any exit
     const BlockInfo binfo(params, bidb);
     if (m_block * kBlockM >= binfo.seqlen_q) return;  // whole CTA, before any barrier
     const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
@@ -98,12 +100,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         // Varlen K/V: rows past the sequence in its last tile are the next sequence's (see fwd_ws_mma).
         const int v_rows_valid = binfo.sum_s_k == -1 ? kBlockN : binfo.seqlen_k - (n_block_max - 1) * kBlockN;
-        fwd_ws_mma<Traits>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, n_block_min, n_block_max,
-                           v_rows_valid, acc_o, softmax);
-        if (wg == 0) {  // consume WG1's last turn hand-over
+        // Feature variant: shared memory behind SharedStorage holds the dropout flags (kDropoutTiles
+        // only; 8 KB per consumer WG) and then, with kFeatScalarsInSmem, one FwdWsFeatures per
+        // consumer WG.
+        const bool is_dropout = kFeat && Traits::kDropoutTiles && params.p_dropout > 0.f;
+        uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize) + wg * 4 * 128;
+        FwdWsFeatures feat_regs{};
+        FwdWsFeatures *feat_smem = reinterpret_cast<FwdWsFeatures *>(
+                                       smem + Traits::kSmemSize + (Traits::kDropoutTiles ? Traits::kSmemDropoutFlags : 0)) +
+                                   wg;
+        if constexpr (kFeat) {
+            static_assert(sizeof(FwdWsFeatures) <= Traits::kFeatScalarBytes);
+            if (!Traits::kFeatScalarsInSmem || wg_tidx == 0) {
+                feat_regs.score_mod = ScoreMod(params, bidb, bidh, binfo.seqlen_k - binfo.seqlen_q);
+                if (is_dropout) { feat_regs.dropout = Dropout(params, bidb, bidh); }
+            }
+            if constexpr (Traits::kFeatScalarsInSmem) {
+                if (wg_tidx == 0) { *feat_smem = feat_regs; }
+                cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
+            }
+        }
+        FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
+        fwd_ws_mma<Traits, kFeat>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, n_block_min,
+                                  n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags);
+        if (wg == 0) {  // consume the last WG's last turn hand-over
             cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
         }
-        Tensor lse = softmax.finalize(acc_o, params.scale_softmax);
+        // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
+        Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
         fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, bidb, bidh, row0);
     }
 #endif

@@ -1,8 +1,8 @@
 // Launch of the warp-specialised sm_90a forward: tile configuration per head dim, the TMA
 // descriptors over the params' q / k / v (dense (b, s, h, d) or varlen packed (total, h, d),
 // arbitrary row / head / batch strides, d contiguous), grid and error checks. Instantiated per
-// (dtype, head dim) by instantiations/flash_fwd_ws_sm90_hdim*_*.cu; called from run_mha_fwd_
-// (flash_fwd_launch.h) when params.fwd_ws is set (FLASH_ATTN_FWD_WS=1).
+// (dtype, head dim, variant) by instantiations/flash_fwd_ws_sm90_hdim*_*{,_feat}.cu; called from
+// run_mha_fwd_ (flash_fwd_launch.h) when params.fwd_ws is set (FLASH_ATTN_FWD_WS=1).
 #pragma once
 
 #include <cstdlib>
@@ -23,12 +23,19 @@ namespace flash {
 //   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB  (causal / sliding window)
 //         128 x 176, 2 stages: Q 32 KB + (K + V) 2 x 88 KB  = 208 KB  (no window: FA3's choice)
 //   d256: 128 x 80,  2 stages: Q 64 KB + (K + V) 2 x 80 KB  = 224 KB
+// Feature variant: the same, except that dropout needs 64- or 128-key tiles (whole 128-key Philox
+// groups, dropout_sm90.h) plus 8 KB of flags per consumer warpgroup:
+//   d64:  192 x 128 as above                                      + 24 KB = 176 KB
+//   d128: 128 x 128 (never 176)                                   + 16 KB = 176 KB
+//   d256: 128 x 64,  2 stages: Q 64 KB + (K + V) 2 x 64 KB = 192 KB + 16 KB = 208 KB
 template <typename Element, int kHeadDim>
 using FwdWsTraitsFor = std::conditional_t<
     kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3>,
     std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>>;
 template <typename Element>
 using FwdWsTraitsD128Wide = FwdWsTraitsSm90<128, 176, 2, Element>;
+template <typename Element>
+using FwdWsTraitsD256Dropout = FwdWsTraitsSm90<256, 64, 2, Element>;
 
 namespace fwd_ws_detail {
 
@@ -37,7 +44,7 @@ namespace fwd_ws_detail {
 inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
 inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
 
-template <typename Traits>
+template <typename Traits, bool kFeat>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
     FwdWsKernelParams<Traits> kp{};
@@ -60,8 +67,9 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
                                                    params.v_batch_stride),
                              typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
 
-    constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_ws_kernel_sm90<Traits>;
+    constexpr int smem_size = Traits::template kSmemSizeFor<kFeat>;
+    static_assert(smem_size <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
+    auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.b, params.h);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
@@ -72,14 +80,16 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
 // Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
 // the existing forward. Not served: KV-cache refinements (seqused_k, leftpad_k, kv_batch_idx,
-// paged K/V), score modifiers / dropout (the caller only asks for the plain variant), strides the
-// TMA cannot address (not multiples of 16 bytes), a varlen call without total_k.
-template <typename Element, int kHeadDim>
+// paged K/V), S_dmask (return_attn_probs with dropout), score modifiers / dropout in the plain
+// variant (kFeat = false), strides the TMA cannot address (not multiples of 16 bytes), a varlen
+// call without total_k.
+template <typename Element, int kHeadDim, bool kFeat>
 bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90FwdWs<kHeadDim>);
     using Traits = FwdWsTraitsFor<Element, kHeadDim>;
     if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
-        params.block_table != nullptr || has_features(params) || params.d > kHeadDim || params.d % 8 != 0) {
+        params.block_table != nullptr || (!kFeat && has_features(params)) || params.s_dmask_ptr != nullptr ||
+        params.d > kHeadDim || params.d % 8 != 0) {
         return false;
     }
     const bool varlen_q = params.cu_seqlens_q != nullptr;
@@ -101,17 +111,28 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
           tma_stride_ok(params.v_batch_stride, batch_k))) {
         return false;
     }
+    const bool dropout = kFeat && params.p_dropout > 0.f;
     if constexpr (kHeadDim == 128) {
-        // 176-key tiles without a window (fewer, longer iterations); FLASH_ATTN_FWD_WS_D128_N=128
-        // forces the 128-key tiles (read at each call, for A/B timing).
+        // 176-key tiles without a window or dropout (fewer, longer iterations);
+        // FLASH_ATTN_FWD_WS_D128_N=128 forces the 128-key tiles (read at each call, for A/B timing).
         const char *env = std::getenv("FLASH_ATTN_FWD_WS_D128_N");
         const bool force_128 = env != nullptr && std::strcmp(env, "128") == 0;
-        if (!force_128 && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
-            fwd_ws_detail::launch<FwdWsTraitsD128Wide<Element>>(params, stream, rows_q, batch_q, rows_k, batch_k);
+        if (!force_128 && !dropout && params.window_left >= kWindowUnbounded &&
+            params.window_right >= kWindowUnbounded) {
+            fwd_ws_detail::launch<FwdWsTraitsD128Wide<Element>, kFeat>(params, stream, rows_q, batch_q, rows_k,
+                                                                       batch_k);
             return true;
         }
     }
-    fwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, rows_k, batch_k);
+    if constexpr (kFeat && kHeadDim == 256) {
+        if (dropout) {
+            fwd_ws_detail::launch<FwdWsTraitsD256Dropout<Element>, kFeat>(params, stream, rows_q, batch_q, rows_k,
+                                                                          batch_k);
+            return true;
+        }
+    }
+    static_assert(!kFeat || kHeadDim == 256 || Traits::kDropoutTiles);
+    fwd_ws_detail::launch<Traits, kFeat>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
 }
 

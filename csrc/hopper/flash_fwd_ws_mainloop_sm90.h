@@ -29,6 +29,8 @@
 #include "../mask.h"
 #include "../softmax.h"
 #include "../utils.h"
+#include "../attn_mods.h"
+#include "dropout_sm90.h"
 #include "flash_fwd_kernel_sm90.h"  // wgmma()
 #include "kernel_traits_fwd_ws_sm90.h"
 
@@ -108,13 +110,32 @@ __forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp,
 }
 
 // ---- consumers: one warpgroup --------------------------------------------------------------------
+// The per-(batch, head) scalars of the feature variant (kFeat): ScoreMod (softcap, ALiBi), applied
+// to S before the mask, and the Philox key / counter base of the dropout. With
+// Traits::kFeatScalarsInSmem (d64: 3 consumer WGs at 160 registers, 154 used by the plain variant)
+// they live in shared memory (one copy per consumer warpgroup, Traits::kFeatScalarBytes) and are
+// read where used (a few LDS per tile, no register across the main loop); elsewhere in registers
+// (ptxas spills at d256 with the shared-memory copy, none with registers).
+struct FwdWsFeatures {
+    ScoreMod score_mod;
+    Dropout dropout;
+};
+
 __forceinline__ __device__ void fwd_ws_sched_sync(int wg) {
     cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + wg);
 }
+// The barrier id of the next warpgroup's turn, recomputed from %tid.x each time it is needed: a
+// volatile read cannot be merged with earlier ones, so no register holds the id across the main
+// loop (the d64 feature variant, at 160 registers, spilled it otherwise).
 template <int kNConsumerWG>
-__forceinline__ __device__ void fwd_ws_sched_arrive(int wg) {
-    const int next = wg + 1 == kNConsumerWG ? 0 : wg + 1;
-    cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + next);
+__forceinline__ __device__ uint32_t fwd_ws_next_sched_barrier() {
+    uint32_t tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const uint32_t wg = tid / 128 - 1;  // consumer warpgroup (warpgroup 0 is the producer)
+    return static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + (wg + 1 == kNConsumerWG ? 0 : wg + 1);
+}
+__forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
+    cutlass::arch::NamedBarrier::arrive(256, barrier);
 }
 
 // Runs the key blocks [n_block_min, n_block_max) for the 64 rows of warpgroup wg (rows row0 ..
@@ -127,14 +148,22 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(int wg) {
 // memory the tensor has): P is 0 for them, but 0 x NaN would still leak into O. Dense tiles need
 // no such care (the TMA zero-fills rows past seqlen_k), nor do K tiles (masked by a select).
 // Both WGs zero the same rows (identical values; each before its own reads).
-template <typename Traits, typename TensorO, typename Softmax>
+//
+// kFeat: apply feat.score_mod to every S tile before the mask and, with dropout (params.p_dropout
+// > 0, Traits::kDropoutTiles only), the dropout mask to every P tile ("Dropout in the pingpong"
+// below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
+// 4 x 128 x 16-byte flags area (each thread's keep flags of one 128-key Philox group).
+template <typename Traits, bool kFeat, typename TensorO, typename Softmax>
 __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                            Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
-                                           int n_block_max, int v_rows_valid, TensorO &acc_o, Softmax &softmax) {
+                                           int n_block_max, int v_rows_valid, TensorO &acc_o, Softmax &softmax,
+                                           FwdWsFeatures const &feat, uint4 *drop_flags) {
     using Element = typename Traits::Element;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
+    constexpr bool kDropout = kFeat && Traits::kDropoutTiles;
+    const bool is_dropout = kDropout && params.p_dropout > 0.f;  // a kernel parameter: no register
 
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
@@ -150,8 +179,54 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     Tensor coords_s = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kRowsPerWG>, Int<kBlockN>>{}));
     auto new_acc_s = [&]() { return partition_fragment_C(tiled_mma_qk, Shape<Int<kRowsPerWG>, Int<kBlockN>>{}); };
     auto mask_tile = [&](auto &acc_s, int n_block) {
+        // Softcap, then ALiBi, then the mask: the order of the other forward kernels.
+        if constexpr (kFeat) {
+            const ScoreMod score_mod = feat.score_mod;
+            score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN);
+        }
         if (mask.tile_needs_mask(row0, n_block * kBlockN, kRowsPerWG, kBlockN)) {
             mask.apply(acc_s, coords_s, row0, n_block * kBlockN);
+        }
+    };
+
+    // ---- Dropout in the pingpong ----
+    // The keep flags of tile n_blk are a pure function of (seed, offset, b, h, row, col): each
+    // thread runs dropout_fwd_generate_group<128> (the counters of dropout_fwd_generate, computed
+    // from the column inside the group) on its warpgroup's (64, kBlockN) accumulator coordinates,
+    // i.e. exactly the Philox calls of the lock-step kernel's threads that own the same elements
+    // (four per 128-key group: counters (base + 4 (col / 128) + g, row / 16 * 32 +
+    // (row % 8) * 4 + (col % 8) / 2, b h) for its row = row0 + 16 warp + lane / 4 and the column
+    // col = 128 (col0 / 128) + 8 g + 2 (lane % 4) of atom g = 0..3, words t = 0..3 for the atoms
+    // 32 t apart). Only the tile widths that keep the 128-key groups whole are allowed (64, 128:
+    // Traits::kDropoutTiles; the launcher picks 128 x 128 at d128 and 128 x 64 at d256 for dropout
+    // calls). A 64-key tile shares its group with its neighbour: the first of the pair the walk
+    // (downwards) visits generates both halves, as in flash_fwd_kernel_sm90.h.
+    //
+    // Where: right after this warpgroup has issued S_t (and P_{t-1} V_{t-1}) and handed the turn
+    // to the next warpgroup (sched_arrive), before warpgroup_wait<1>. At that point the tensor
+    // cores hold, in order, the rest of the previous warpgroup's GEMMs (it issued just before our
+    // sched_sync returned), our S_t and our P V; the next warpgroup, released by our arrive, queues
+    // its GEMMs behind ours. So the ~4 x 40 integer ops per thread (20 IMAD.WIDE-class multiplies
+    // per Philox call) run while the tensor cores are busy with the other warpgroup's GEMMs and our
+    // own S_t - time this warpgroup would otherwise spend blocked in warpgroup_wait<1> - and never
+    // inside our pingpong turn, which would delay the next warpgroup's issue. The flags go to
+    // shared memory (16-byte stores, no registers held across the softmax) and come back after
+    // P_t = bf16(S_t) (dropout_fwd_apply: one PRMT + one AND per packed pair).
+    auto generate_dropout = [&](int n_blk) {
+        if constexpr (kDropout) {
+            if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
+                const Dropout dropout = feat.dropout;
+                dropout_fwd_generate_group<128, Traits::kDropoutUnroll>(dropout, coords_s, row0, n_blk * kBlockN,
+                                                                      drop_flags, wg_tidx);
+            }
+        }
+    };
+    // Dropped elements leave the P V product only (the row sums already hold every element).
+    auto apply_dropout = [&](auto &rP_tile, int n_blk) {
+        if constexpr (kDropout) {
+            if (is_dropout) {
+                dropout_fwd_apply<kBlockN, 128>(rP_tile, drop_flags, n_blk * kBlockN, wg_tidx);
+            }
         }
     };
 
@@ -175,10 +250,12 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 
     // First tile: S_0 alone.
     Tensor acc_s = new_acc_s();
+    const uint32_t next_barrier0 = fwd_ws_next_sched_barrier<Traits::kNConsumerWG>();
     pipeline_k.consumer_wait(state_k);
     fwd_ws_sched_sync(wg);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
-    fwd_ws_sched_arrive<Traits::kNConsumerWG>(wg);
+    fwd_ws_sched_arrive(next_barrier0);
+    generate_dropout(n_block);  // under the tensor cores' S_0 GEMMs (see above)
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(state_k);
@@ -190,6 +267,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         Tensor converted = convert_type<Element>(acc_s);
         cute::copy(converted, rP);
     }
+    apply_dropout(rP, n_block);
     clear(acc_o);
 
     // Iteration t: S_t = Q K[t]^T and O += P_{t-1} V[t-1] in flight together; the softmax of S_t
@@ -201,13 +279,15 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
             zero_v_tail(state_v.index());
         }
         Tensor acc_s_next = new_acc_s();
+        const uint32_t next_barrier = fwd_ws_next_sched_barrier<Traits::kNConsumerWG>();
         pipeline_k.consumer_wait(state_k);
         fwd_ws_sched_sync(wg);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s_next);
         pipeline_v.consumer_wait(state_v);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
-        fwd_ws_sched_arrive<Traits::kNConsumerWG>(wg);
+        fwd_ws_sched_arrive(next_barrier);
+        generate_dropout(n_block);  // under the other warpgroup's GEMMs and our S_t (see above)
         warpgroup_wait<1>();  // S_t ready; P V may still run
         warpgroup_fence_operand(acc_s_next);
         pipeline_k.consumer_release(state_k);
@@ -221,6 +301,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         softmax.rescale_o(acc_o, rescale);
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
+        apply_dropout(rP, n_block);
     }
 
     // Last P V (outside the pingpong turns).
@@ -235,30 +316,18 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 
 }  // namespace flash
 
-// ---- Dropout in this schedule (sketch; not implemented: the feature variant stays on the
-// lock-step kernel, flash_fwd_kernel_sm90.h) ------------------------------------------------------
+// ---- Dropout in this schedule: implemented above (fwd_ws_mma, "Dropout in the pingpong"). ----
 //
-// In the lock-step kernel the Philox work (dropout_fwd_generate: 4 x philox4x32_10 per thread per
-// 128 keys, ~40 integer ops each) sits between the GEMM issue and warpgroup_wait<1>, so it only
-// hides behind this warpgroup's own S GEMM, and all warpgroups hit the integer pipes at the same
-// time. Here it would go in the same slot but hide behind more:
+// Compared with the lock-step kernel, where the Philox work sits between the GEMM issue and
+// warpgroup_wait<1> as well but can only hide behind the warpgroup's own S GEMM (and all
+// warpgroups hit the integer pipes at the same time), here it hides behind the other
+// warpgroups' GEMMs too: with two WGs the tensor cores alternate between them, so a WG has
+// roughly one GEMM pair of the other WG (plus its own P V) to cover its softmax + Philox.
+// Flags: 8 KB per WG behind SharedStorage (d64 192 x 128: 152 + 24 KB; d128 128 x 128: 160 + 16
+// KB; d256 128 x 64: 192 + 16 KB). rng_state is written by thread 0 of CTA (0, 0, 0) (the
+// producer thread) before any early exit.
 //
-//   pipeline_k.consumer_wait ; sched_sync(own)
-//   issue S_t = Q K_t^T ; issue O += P_{t-1} V_{t-1}
-//   sched_arrive(next)                  <- the next WG now issues its GEMMs
-//   dropout_fwd_generate(tile t)        <- Philox runs under: own S_t and P V, the other WGs' GEMMs
-//   warpgroup_wait<1> ; release K ; mask ; softmax(S_t)
-//   warpgroup_wait<0> ; release V ; rescale O ; P_t = bf16(S_t) ; dropout_fwd_apply(P_t)
-//
-// With two WGs the tensor cores alternate between them, so a WG has roughly one GEMM pair of
-// the other WG (plus its own P V) to cover its softmax + Philox, instead of only its own S GEMM.
-// The flags go through shared memory as now (4 x 16 B per thread and 128 keys: 8 KB per WG; d128
-// at 128 x 176: 208 + 16 KB fits, d256 at 128 x 80 does not: 64-key tiles there (Q 64 KB +
-// 2 x 2 x 32 KB + 16 KB)). dropout_fwd_apply assumes 64- or 128-key tiles aligned to the 128-key
-// Philox groups: the feature variant would use kBlockN = 128 (d64, d128) and 64 (d256) (or
-// generate per 128-key group with a column offset for 176 / 80). rng_state is written by the
-// producer thread (write_rng_state). Where the integer pipes are the bottleneck, giving the
-// Philox to the producer warpgroup instead (it idles: 1 thread issues TMA) would take it off the
-// consumers entirely: 3 spare producer warps generating the flags of tile t + 1 into a
-// double-buffered smem ring, guarded by one more mbarrier pair per slot (full: 96 producer-thread
-// arrivals; empty: 256 consumer arrivals), at the cost of more producer registers (~40-56).
+// Not done (fallback if the integer pipes turn out to be the bottleneck on the GPU): give the
+// Philox to the producer warpgroup's three idle warps (1 thread issues TMA today), generating the
+// flags of tile t + 1 into a double-buffered smem ring guarded by one more mbarrier pair per slot
+// (full: 96 producer-thread arrivals; empty: consumer arrivals), at ~40-56 producer registers.

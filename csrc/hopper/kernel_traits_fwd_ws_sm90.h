@@ -94,6 +94,25 @@ struct FwdWsTraitsSm90 {
     };
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
+
+    // Feature variant (kFeat) with dropout: dropout_sm90.h's generate / apply work on 64- or
+    // 128-key tiles aligned to the 128-key Philox groups; other widths (176, 80) serve softcap /
+    // ALiBi only. Each consumer thread parks the keep flags of one 128-key group (4 x 16 bytes)
+    // behind SharedStorage: 8 KB per consumer warpgroup, each thread reading back only its own.
+    static constexpr bool kDropoutTiles = kBlockN == 64 || kBlockN == 128;
+    static constexpr int kSmemDropoutFlags = kNConsumerWG * 128 * 4 * 16;
+    // Philox calls of a thread in flight together (dropout_fwd_generate_group; 4 = all of a group).
+    // 2 at d64 (3 consumer WGs at 160 registers): 4 and 1 spill there, 2 does not (ptxas, CUDA 13.0).
+    static constexpr int kDropoutUnroll = kNConsumerWG == 3 ? 2 : 4;
+    // Then, at d64 (160-register consumers), the per-(batch, head) feature scalars (FwdWsFeatures),
+    // one copy per consumer warpgroup; elsewhere they stay in registers (flash_fwd_ws_mainloop_sm90.h).
+    static constexpr bool kFeatScalarsInSmem = kNConsumerWG == 3;
+    static constexpr int kFeatScalarBytes = 64;
+    template <bool kFeat>
+    static constexpr int kSmemSizeFor =
+        kSmemSize + (kFeat ? (kDropoutTiles ? kSmemDropoutFlags : 0) +
+                                 (kFeatScalarsInSmem ? kNConsumerWG * kFeatScalarBytes : 0)
+                           : 0);
 };
 
 // Kernel arguments: the plain parameters plus the TMA descriptors (grid constants: TMA reads the

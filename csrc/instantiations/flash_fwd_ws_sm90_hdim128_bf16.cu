@@ -2,5 +2,5 @@
 #include "hopper/flash_fwd_ws_launch_sm90.h"
 
 namespace flash {
-template bool run_mha_fwd_ws_sm90<cutlass::bfloat16_t, 128>(FwdParams &params, cudaStream_t stream);
+template bool run_mha_fwd_ws_sm90<cutlass::bfloat16_t, 128, false>(FwdParams &params, cudaStream_t stream);
 }  // namespace flash

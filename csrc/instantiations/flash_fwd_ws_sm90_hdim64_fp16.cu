@@ -2,5 +2,5 @@
 #include "hopper/flash_fwd_ws_launch_sm90.h"
 
 namespace flash {
-template bool run_mha_fwd_ws_sm90<cutlass::half_t, 64>(FwdParams &params, cudaStream_t stream);
+template bool run_mha_fwd_ws_sm90<cutlass::half_t, 64, false>(FwdParams &params, cudaStream_t stream);
 }  // namespace flash
