@@ -755,7 +755,8 @@ int splitkv_heuristic(int ctas, int sms, int64_t max_seqlen_k, bool paged) {
 
 // Split count for the kernels that run one 8-warp CTA per SM (a wave is `sms` CTAs): the sm_90a
 // decode kernel and the d = 128 wide shape of the split-KV kernel (b16 32k: 1 split, 4449 GB/s;
-// 2 splits 4363; the 4-warp shape's best, 4 splits, 4347; docs/results/decode_probe_variants_h200.log). Bandwidth-bound cost model: time ~ waves(s) * (keys per split + kCtaCostKeys), the fixed
+// 2 splits 4363; the 4-warp shape's best, 4 splits, 4347; docs/results/decode_probe_variants_h200.log).
+// Bandwidth-bound cost model: time ~ waves(s) * (keys per split + kCtaCostKeys), the fixed
 // cost of a CTA (filling its copy ring, merge, store) counted in keys; the smallest s within 3% of
 // the best wins (fewer partials to write and combine). At most 128 splits, each >= 128 keys.
 // bf16 d128, 8 KV heads: b16 4k and 32k -> 1 split (128 CTAs: one wave), b4 128k -> 4.

@@ -36,7 +36,7 @@ using namespace cute;
 // kQInRegs: Q read from shared memory once and kept in registers (the K tiles are the only
 // ldmatrix traffic of S = Q K^T). Two shapes are launched (flash_fwd_splitkv_launch.h): the
 // default 4 warps (about 100 KB of shared memory, two CTAs per SM) and, at d = 128 on GPUs with
-// >= 200 KB of shared memory per block, SplitKVWideTraits: 8 warps, one CTA per SM.
+// >= 196 KB of shared memory per block, SplitKVWideTraits: 8 warps, one CTA per SM.
 template <int kHeadDim_, typename Element_, int kNWarps_ = 4, int kBlockNw_ = (kHeadDim_ <= 64 ? 32 : 16),
           int kStages_ = 0, bool kQInRegs_ = false>
 struct SplitKVKernelTraits {
