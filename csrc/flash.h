@@ -147,6 +147,11 @@ struct BwdParams : FwdParams {
     // Deterministic dQ: the key-block CTAs that see a query block add their dQ in a fixed order
     // (descending key block), serialised by one zeroed int32 counter per (b, h, 64-row block).
     bool deterministic;
+    // sm_90a backward with dropout (hopper/flash_bwd_kernel_sm90.h, kDropMode): 0 = the original
+    // flag layout and placement, 1 = layout 2, flags generated in the dV / dK / dQ window
+    // (default), 2 = layout 2 in the S / dP window. Set by the binding (FLASH_ATTN_BWD_DROPOUT_MODE,
+    // FLASH_ATTN_BWD_DROPOUT_OLD=1 for 0). In the padding after `deterministic`.
+    uint8_t bwd_dropout_mode;
     int *__restrict__ dq_semaphore_ptr;  // (b, h, seqlen_q_rounded / 64); SM80-class kernels
     // The sm_90a backward makes dQ deterministic differently: dq_accum holds dq_accum_splits
     // slices dq_accum_split_stride elements apart, slice s written only by CTA s of each (b, h)

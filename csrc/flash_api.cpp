@@ -233,10 +233,25 @@ void check_rng_state(double p_dropout, const std::optional<at::Tensor> &rng_stat
                 "device, got ", r.scalar_type(), " ", r.sizes(), " on ", r.device());
 }
 
+// FLASH_ATTN_BWD_DROPOUT_MODE=0|1|2 (FLASH_ATTN_BWD_DROPOUT_OLD=1: 0), read at each call so that one
+// process can time them all: how the sm_90a backward generates and reads its dropout flags
+// (flash::BwdParams::bwd_dropout_mode). Unset: 1. The mask is the same in all modes.
+uint8_t bwd_dropout_mode() {
+    const char *old_env = std::getenv("FLASH_ATTN_BWD_DROPOUT_OLD");
+    if (old_env != nullptr && std::string(old_env) == "1") return 0;
+    const char *env = std::getenv("FLASH_ATTN_BWD_DROPOUT_MODE");
+    if (env == nullptr || env[0] == '\0') return 1;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
+                "flash_attn: FLASH_ATTN_BWD_DROPOUT_MODE must be 0, 1 or 2, got '", choice, "'");
+    return static_cast<uint8_t>(choice[0] - '0');
+}
+
 // Backward with dropout: the forward's (seed, offset), read on the device (graph-safe, no sync).
 void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<at::Tensor> &rng_state) {
     if (p_dropout <= 0.0) return;
     set_dropout_rates(p, p_dropout);
+    p.bwd_dropout_mode = bwd_dropout_mode();
     p.philox.from_device = true;
     p.philox.seed_ptr = rng_state.value().data_ptr<int64_t>();
     p.philox.offset_ptr = p.philox.seed_ptr + 1;

@@ -11,7 +11,8 @@
 //    16-bit P with one PRMT (sign-replicating those flags into 16-bit masks) and one AND per pair;
 //  - the Philox work never waits on the scores: the forward generates a tile's flags while its
 //    S GEMM runs and parks them in shared memory (no registers held across the softmax); the
-//    backward generates the next query block's flags while the S / dP GEMMs run.
+//    backward generates the next query block's flags while GEMMs run (mode 0 / 2: the S / dP
+//    window; mode 1, the default: the dV / dK / dQ window, see flash_bwd_kernel_sm90.h).
 //  The forward's accumulator (query rows, key columns) gives each thread whole groups. The
 //  backward's transposed tiles (key rows, query columns) do not, so its CTA generates groups
 //  cooperatively and every thread then loads the 16 words it needs from shared memory.
@@ -181,6 +182,83 @@ __forceinline__ __device__ void dropout_bwd_apply_p(TensorP &rP, uint32_t const 
 template <int kBlockM, typename TensorAcc, typename TensorCoord>
 __forceinline__ __device__ void dropout_bwd_apply_dp(TensorAcc &acc, uint32_t const *flags, TensorCoord const &coords) {
     dropout_bwd_for_each_word_pair<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
+        const uint32_t selector = (0x8u | uint32_t(e)) * 0x1111u;
+        const int i = 4 * j + 2 * r2;
+        acc(i) = __uint_as_float(__float_as_uint(acc(i)) & ~prmt(a, 0u, selector));
+        acc(i + 1) = __uint_as_float(__float_as_uint(acc(i + 1)) & ~prmt(b, 0u, selector));
+    });
+}
+
+// ---- backward, layout 2 (FLASH_ATTN_BWD_DROPOUT_MODE 1 / 2; flash_bwd_kernel_sm90.h) ---------
+//
+// The same groups and the same Philox counters, stored so that the reader's 16 words are 4
+// LDS.128 instead of 16 LDS.32 with run-time swizzled addresses, and the writer's 8 words are 4
+// STS.64. Word w of group (c32, c4, r8, rb) serves keys 32 w + 8 c32 + 2 c4 + {0, 1}, i.e. key
+// pair kp = 16 w + 4 c32 + c4, and query rows 16 rb + r8 + {0, 8}; it lives at word
+// kp * 32 + r8 * 4 + rb. A reader (key x, query 2m of element 0) wants groups r8 = 2m + jb
+// (jb = 0: word a, 1: word b) of all four rb: words (x / 2) * 32 + 8 m + 4 jb + rb, two 16-byte
+// loads (conflict-free: a load's 8-lane phase touches 4 distinct 16-byte chunks, 8 m apart).
+// The writer (thread t: r8 = t % 8, h = (t / 8) % 2, c = c32 + 4 c4 = t / 16) computes groups
+// rb = 2 h, 2 h + 1 and stores each word pair with one 8-byte store (a 16-lane phase covers
+// 32 distinct banks).
+struct DropoutBwdLayout2 {
+    __host__ __device__ static constexpr int index(int kp, int r8, int rb) { return kp * 32 + r8 * 4 + rb; }
+};
+
+template <int kBlockM, int kBlockN, int kThreads>
+__forceinline__ __device__ void dropout_bwd_generate2(Dropout const &dropout, uint32_t *flags, int m_block,
+                                                      int n_block, int tidx) {
+    static_assert(kBlockM == 64 && kBlockN == 128 && kThreads == 256);
+    const DropFlags drop_flags(dropout.threshold);
+    const int r8 = tidx % 8, h = (tidx / 8) % 2, c32 = (tidx / 16) % 4, c4 = tidx / 64;
+    // dropout_counter(base, bh, row, col) at row = 64 m_block + 16 (2 h + hh) + r8,
+    // col = 128 n_block + 8 c32 + 2 c4: x = base + 4 n_block + c32, z = 128 m_block + 32 (2 h + hh)
+    // + 4 r8 + c4.
+    const uint64_t x = dropout.base + uint64_t(4 * n_block + c32);
+    const uint32_t z = uint32_t(m_block) * 128u + uint32_t(64 * h + 4 * r8 + c4);
+    const uint4 r0 = philox4x32_10(make_uint4(uint32_t(x), uint32_t(x >> 32), z, dropout.bh), dropout.k0, dropout.k1);
+    const uint4 r1 = philox4x32_10(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, dropout.bh), dropout.k0,
+                                   dropout.k1);
+    uint2 *dst = reinterpret_cast<uint2 *>(flags + DropoutBwdLayout2::index(4 * c32 + c4, r8, 2 * h));
+    CUTE_UNROLL
+    for (int w = 0; w < 4; ++w) {  // kp + 16 w: + 512 words
+        dst[w * 256] = make_uint2(drop_flags(pick_word(r0, w)), drop_flags(pick_word(r1, w)));
+    }
+}
+
+// As dropout_bwd_for_each_word_pair, from layout 2.
+template <int kBlockM, typename TensorCoord, typename F>
+__forceinline__ __device__ void dropout_bwd_for_each_word_pair2(uint32_t const *flags, TensorCoord const &coords,
+                                                                F &&f) {
+    static_assert(kBlockM == 64);
+    const int x0 = get<0>(coords(0)), m2 = get<1>(coords(0));
+    const uint4 *src = reinterpret_cast<const uint4 *>(flags + DropoutBwdLayout2::index(x0 / 2, m2, 0));
+    CUTE_UNROLL
+    for (int r2 = 0; r2 < 2; ++r2) {
+        const int x = x0 + 8 * r2;                // (x / 2) * 32 = (x0 / 2) * 32 + 128 r2 words
+        const uint4 wa = src[r2 * 32], wb = src[r2 * 32 + 1];
+        CUTE_UNROLL
+        for (int rb = 0; rb < 4; ++rb) {
+            const uint32_t a = pick_word(wa, rb), b = pick_word(wb, rb);
+            CUTE_UNROLL
+            for (int jj = 0; jj < 2; ++jj) { f(r2, 2 * rb + jj, x % 2 + 2 * jj, a, b); }
+        }
+    }
+}
+
+template <int kBlockM, typename TensorP, typename TensorCoord>
+__forceinline__ __device__ void dropout_bwd_apply_p2(TensorP &rP, uint32_t const *flags, TensorCoord const &coords) {
+    static_assert(sizeof(typename TensorP::value_type) == 2);
+    Tensor rP32 = recast<uint32_t>(rP);
+    dropout_bwd_for_each_word_pair2<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
+        const uint32_t selector = uint32_t(0x88 | e * 0x11) | (uint32_t(0xcc | e * 0x11) << 8);
+        rP32(2 * j + r2) &= ~prmt(a, b, selector);
+    });
+}
+
+template <int kBlockM, typename TensorAcc, typename TensorCoord>
+__forceinline__ __device__ void dropout_bwd_apply_dp2(TensorAcc &acc, uint32_t const *flags, TensorCoord const &coords) {
+    dropout_bwd_for_each_word_pair2<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
         const uint32_t selector = (0x8u | uint32_t(e)) * 0x1111u;
         const int i = 4 * j + 2 * r2;
         acc(i) = __uint_as_float(__float_as_uint(acc(i)) & ~prmt(a, 0u, selector));
