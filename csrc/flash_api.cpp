@@ -722,27 +722,24 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
 // block_table (b, max_blocks_per_seq). Sequence b sees cache rows [leftpad[b], seqused_k[b]).
 // ---------------------------------------------------------------------------------------------
 
-int num_sms(int device) {
+// A device attribute, read once per (attribute slot, device); `fallback` when the query fails.
+template <cudaDeviceAttr kAttr>
+int cached_device_attribute(int device, int fallback) {
     static int cache[64] = {0};
-    if (device < 0 || device >= 64) return 132;
+    if (device < 0 || device >= 64) return fallback;
     if (cache[device] == 0) {
         int n = 0;
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-        cache[device] = n > 0 ? n : 132;
+        cudaDeviceGetAttribute(&n, kAttr, device);
+        cache[device] = n > 0 ? n : fallback;
     }
     return cache[device];
 }
 
-// Opt-in shared memory per block (227 KB on H100 / H200, 163 KB on A100), cached.
+int num_sms(int device) { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(device, 132); }
+
+// Opt-in shared memory per block (227 KB on H100 / H200, 163 KB on A100); 1 when unknown.
 int max_smem_per_block(int device) {
-    static int cache[64] = {0};
-    if (device < 0 || device >= 64) return 0;
-    if (cache[device] == 0) {
-        int n = 0;
-        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-        cache[device] = n > 0 ? n : 1;
-    }
-    return cache[device];
+    return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device, 1);
 }
 
 // Number of key splits for the split-KV kernel. Decoding is bandwidth bound, so the time goes
