@@ -367,10 +367,12 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     store_dk_dv();
 }
 
-// Grid (key blocks, b, h); deterministic (kFeat): (dq_accum_splits, b, h), CTA s walking key
-// blocks s, s + splits, ... and adding its dQ into slice s of dq_accum. Each slice element is
-// updated by one thread of one CTA, in program order, so the sums (and their order in the
-// conversion) are fixed: no counters, no waiting.
+// Grid (key blocks, b, h); deterministic (kFeat): (dq_accum_splits, b, h), CTA s walking the key
+// blocks in rounds of splits, zig-zag (block round * splits + s in even rounds, + splits - 1 - s
+// in odd ones: with a causal mask a key block's work falls with its index, and the pairs even it
+// out), adding its dQ into slice s of dq_accum. Each slice element is updated by one thread of
+// one CTA, in program order, so the sums (and their order in the conversion) are fixed: no
+// counters, no waiting.
 template <typename Traits, bool kFeat, int kDropMode = 0>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_bwd_kernel_sm90(const __grid_constant__ BwdParams params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -378,8 +380,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     const bool sliced = kFeat && params.deterministic;
     const int64_t dq_slice = sliced ? int64_t(blockIdx.x) * params.dq_accum_split_stride : 0;
     const int n_blocks = sliced ? ceil_div(params.seqlen_k, Traits::kBlockN) : blockIdx.x + 1;
-    for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
-        if (n_block != blockIdx.x) { __syncthreads(); }  // the last block's dK/dV staging was read
+    const int splits = gridDim.x, s = blockIdx.x;
+    for (int round = 0, n_block = s; n_block < n_blocks;
+         ++round, n_block = round * splits + ((round & 1) ? splits - 1 - s : s)) {
+        if (round > 0) { __syncthreads(); }  // the last block's dK/dV staging was read
         bwd_block_sm90<Traits, kFeat, kDropMode>(params, n_block, dq_slice);
     }
 #endif

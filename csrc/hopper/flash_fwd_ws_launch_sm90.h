@@ -124,8 +124,11 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
             return true;
         }
     }
-    if constexpr (kFeat && kHeadDim == 256) {
-        if (dropout) {
+    if constexpr (kHeadDim == 256) {
+        // FLASH_ATTN_FWD_WS_D256_N=64 runs the 64-key tiles without dropout too (A/B timing).
+        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D256_N");
+        const bool force_64 = env != nullptr && std::strcmp(env, "64") == 0;
+        if (dropout || force_64) {
             fwd_ws_detail::launch<FwdWsTraitsD256Dropout<Element>, kFeat>(params, stream, rows_q, batch_q, rows_k,
                                                                           batch_k);
             return true;
