@@ -107,7 +107,7 @@ bool check(const char *name, int n_block_min, int n_block_max) {
 int main() {
     using T = cutlass::bfloat16_t;
     bool ok = true;
-    // The dropout-capable tiles of flash_fwd_ws_launch_sm90.h (FwdWsTraitsFor / FwdWsTraitsD256Dropout).
+    // The tiles of flash_fwd_ws_launch_sm90.h (FwdWsTraitsFor: all of them serve dropout).
     using D64 = FwdWsTraitsSm90<64, 128, 4, T, 3>;
     using D128 = FwdWsTraitsSm90<128, 128, 2, T>;
     using D256 = FwdWsTraitsSm90<256, 64, 2, T>;

@@ -20,22 +20,23 @@ namespace flash {
 
 // (kBlockM, kBlockN, stages) per head dim; kBlockM = 64 x consumer warpgroups.
 //   d64:  192 x 128, 4 stages: Q 24 KB + (K + V) 4 x 32 KB  = 152 KB  (3 consumer WGs, FA3's shape)
-//   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB  (causal / sliding window)
-//         128 x 176, 2 stages: Q 32 KB + (K + V) 2 x 88 KB  = 208 KB  (no window: FA3's choice)
-//   d256: 128 x 80,  2 stages: Q 64 KB + (K + V) 2 x 80 KB  = 224 KB
-// Feature variant: the same, except that dropout needs 64- or 128-key tiles (whole 128-key Philox
-// groups, dropout_sm90.h) plus 8 KB of flags per consumer warpgroup:
-//   d64:  192 x 128 as above                                      + 24 KB = 176 KB
-//   d128: 128 x 128 (never 176)                                   + 16 KB = 176 KB
-//   d256: 128 x 64,  2 stages: Q 64 KB + (K + V) 2 x 64 KB = 192 KB + 16 KB = 208 KB
+//   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB
+//   d256: 128 x 64,  2 stages: Q 64 KB + (K + V) 2 x 64 KB  = 192 KB
+// FA3's d128 128 x 176 and d256 128 x 80 tiles measured 20-25% slower here (H200, bf16, 16k tokens:
+// d128 476 vs 605, d256 459 vs 613 TFLOP/s at seqlen 8k; docs/perf-notes.md); they stay selectable
+// for A/B timing: FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80 (read at each call; no
+// window, no dropout).
+// Feature variant: the same tiles (dropout needs 64- or 128-key tiles: whole 128-key Philox groups,
+// dropout_sm90.h) plus 8 KB of dropout flags per consumer warpgroup (d64 176 KB, d128 176 KB,
+// d256 208 KB).
 template <typename Element, int kHeadDim>
 using FwdWsTraitsFor = std::conditional_t<
     kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3>,
-    std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>>;
-template <typename Element>
-using FwdWsTraitsD128Wide = FwdWsTraitsSm90<128, 176, 2, Element>;
-template <typename Element>
-using FwdWsTraitsD256Dropout = FwdWsTraitsSm90<256, 64, 2, Element>;
+    std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 64, 2, Element>>>;
+// The alternative (A/B) tiles above.
+template <typename Element, int kHeadDim>
+using FwdWsTraitsAltFor =
+    std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 176, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>;
 
 namespace fwd_ws_detail {
 
@@ -112,29 +113,16 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         return false;
     }
     const bool dropout = kFeat && params.p_dropout > 0.f;
-    if constexpr (kHeadDim == 128) {
-        // 176-key tiles without a window or dropout (fewer, longer iterations);
-        // FLASH_ATTN_FWD_WS_D128_N=128 forces the 128-key tiles (read at each call, for A/B timing).
-        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D128_N");
-        const bool force_128 = env != nullptr && std::strcmp(env, "128") == 0;
-        if (!force_128 && !dropout && params.window_left >= kWindowUnbounded &&
-            params.window_right >= kWindowUnbounded) {
-            fwd_ws_detail::launch<FwdWsTraitsD128Wide<Element>, kFeat>(params, stream, rows_q, batch_q, rows_k,
-                                                                       batch_k);
+    if constexpr (kHeadDim == 128 || kHeadDim == 256) {
+        const char *env = std::getenv(kHeadDim == 128 ? "FLASH_ATTN_FWD_WS_D128_N" : "FLASH_ATTN_FWD_WS_D256_N");
+        const bool alt = env != nullptr && std::strcmp(env, kHeadDim == 128 ? "176" : "80") == 0;
+        if (alt && !dropout && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
+            fwd_ws_detail::launch<FwdWsTraitsAltFor<Element, kHeadDim>, kFeat>(params, stream, rows_q, batch_q, rows_k,
+                                                                               batch_k);
             return true;
         }
     }
-    if constexpr (kHeadDim == 256) {
-        // FLASH_ATTN_FWD_WS_D256_N=64 runs the 64-key tiles without dropout too (A/B timing).
-        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D256_N");
-        const bool force_64 = env != nullptr && std::strcmp(env, "64") == 0;
-        if (dropout || force_64) {
-            fwd_ws_detail::launch<FwdWsTraitsD256Dropout<Element>, kFeat>(params, stream, rows_q, batch_q, rows_k,
-                                                                          batch_k);
-            return true;
-        }
-    }
-    static_assert(!kFeat || kHeadDim == 256 || Traits::kDropoutTiles);
+    static_assert(!kFeat || Traits::kDropoutTiles);
     fwd_ws_detail::launch<Traits, kFeat>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
 }
