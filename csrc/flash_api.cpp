@@ -261,13 +261,9 @@ void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<
 
 int num_sms(int device);
 
-// Deterministic backward on the sm_90a kernel: per-CTA dq_accum slices instead of counters. The
-// CTAs per (b, h), at most 8, are chosen to fill whole waves: cost = waves x key blocks per CTA.
-// 0 when the sm_90a backward does not serve this call (the SM80-class kernel uses counters).
-int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
-#ifdef FLASH_ATTN_SM90A
-    if (!(p.use_sm90 && (p.head_dim_tile == 64 || p.head_dim_tile == 128))) return 0;
-    const int64_t n_blocks = (max_seqlen_k + 127) / 128;
+// Per-CTA dq_accum slices per (b, h) for the sliced deterministic backward (one CTA per SM): at
+// most 8, chosen to fill whole waves: cost = waves x key blocks per CTA.
+int deterministic_splits(int64_t bh, int64_t n_blocks, int device) {
     const int64_t sms = num_sms(device);
     int best = 1;
     int64_t best_cost = INT64_MAX;
@@ -276,6 +272,15 @@ int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
         if (cost < best_cost) best_cost = cost, best = static_cast<int>(s);
     }
     return best;
+}
+
+// Deterministic backward on the sm_90a kernel (128-key blocks): per-CTA dq_accum slices instead
+// of counters. 0 when the sm_90a backward does not serve this call (the SM80-class kernel uses
+// counters).
+int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
+#ifdef FLASH_ATTN_SM90A
+    if (!(p.use_sm90 && (p.head_dim_tile == 64 || p.head_dim_tile == 128))) return 0;
+    return deterministic_splits(bh, (max_seqlen_k + 127) / 128, device);
 #else
     (void)p, (void)bh, (void)max_seqlen_k, (void)device;
     return 0;
@@ -284,18 +289,10 @@ int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 
 // Deterministic backward on the SM80-class d = 256 kernels' fixed-feature-set variants
 // (flash_bwd_launch.h, kBwdFeatSets): per-CTA dq_accum slices as on the sm_90a backward, with
-// 64-key blocks and one CTA per SM. 0 where the generic variant (semaphores) serves the call.
+// 64-key blocks. 0 where the generic variant (semaphores) serves the call.
 int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
     if (p.head_dim_tile != 256 || p.feat_generic) return 0;
-    const int64_t n_blocks = (max_seqlen_k + 63) / 64;
-    const int64_t sms = num_sms(device);
-    int best = 1;
-    int64_t best_cost = INT64_MAX;
-    for (int64_t s = 1; s <= std::min<int64_t>(8, n_blocks); ++s) {
-        const int64_t cost = ((bh * s + sms - 1) / sms) * ((n_blocks + s - 1) / s);
-        if (cost < best_cost) best_cost = cost, best = static_cast<int>(s);
-    }
-    return best;
+    return deterministic_splits(bh, (max_seqlen_k + 63) / 64, device);
 }
 
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
