@@ -147,17 +147,19 @@ struct BwdParams : FwdParams {
     // Deterministic dQ: the key-block CTAs that see a query block add their dQ in a fixed order
     // (descending key block), serialised by one zeroed int32 counter per (b, h, 64-row block).
     bool deterministic;
-    // sm_90a backward with dropout (hopper/flash_bwd_kernel_sm90.h, kDropMode): 0 = the original
-    // flag layout and placement, 1 = layout 2, flags generated in the dV / dK / dQ window
-    // (default), 2 = layout 2 in the S / dP window. Set by the binding (FLASH_ATTN_BWD_DROPOUT_MODE,
-    // FLASH_ATTN_BWD_DROPOUT_OLD=1 for 0). In the padding after `deterministic`.
-    uint8_t bwd_dropout_mode;
     int *__restrict__ dq_semaphore_ptr;  // (b, h, seqlen_q_rounded / 64); SM80-class kernels
     // The sm_90a backward makes dQ deterministic differently: dq_accum holds dq_accum_splits
     // slices dq_accum_split_stride elements apart, slice s written only by CTA s of each (b, h)
     // (key blocks s, s + splits, ...); the conversion sums them in order. 1 slice otherwise.
     int dq_accum_splits;
     index_t dq_accum_split_stride;
+    // Sliced sm_90a mode without a left window (flash_api.cpp make_dq_accum): dq_accum is not
+    // zeroed; each CTA *stores* its first key block's dQ (round 0: key block s covers a superset
+    // of the query rows of its later blocks) and adds the rest, and the conversion reads slice s
+    // only in the rows of key block s's m_block_range (blocks of dq_slice_block_m rows /
+    // dq_slice_block_n keys, set by the launcher). Saves the memset of all slices.
+    bool dq_store_first;
+    int dq_slice_block_m, dq_slice_block_n;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
     // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each

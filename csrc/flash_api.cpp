@@ -234,25 +234,10 @@ void check_rng_state(double p_dropout, const std::optional<at::Tensor> &rng_stat
                 "device, got ", r.scalar_type(), " ", r.sizes(), " on ", r.device());
 }
 
-// FLASH_ATTN_BWD_DROPOUT_MODE=0|1|2 (FLASH_ATTN_BWD_DROPOUT_OLD=1: 0), read at each call so that one
-// process can time them all: how the sm_90a backward generates and reads its dropout flags
-// (flash::BwdParams::bwd_dropout_mode). Unset: 1. The mask is the same in all modes.
-uint8_t bwd_dropout_mode() {
-    const char *old_env = std::getenv("FLASH_ATTN_BWD_DROPOUT_OLD");
-    if (old_env != nullptr && std::string(old_env) == "1") return 0;
-    const char *env = std::getenv("FLASH_ATTN_BWD_DROPOUT_MODE");
-    if (env == nullptr || env[0] == '\0') return 1;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
-                "flash_attn: FLASH_ATTN_BWD_DROPOUT_MODE must be 0, 1 or 2, got '", choice, "'");
-    return static_cast<uint8_t>(choice[0] - '0');
-}
-
 // Backward with dropout: the forward's (seed, offset), read on the device (graph-safe, no sync).
 void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<at::Tensor> &rng_state) {
     if (p_dropout <= 0.0) return;
     set_dropout_rates(p, p_dropout);
-    p.bwd_dropout_mode = bwd_dropout_mode();
     p.philox.from_device = true;
     p.philox.seed_ptr = rng_state.value().data_ptr<int64_t>();
     p.philox.offset_ptr = p.philox.seed_ptr + 1;
@@ -300,10 +285,21 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // 64-row block of seqlen_q_rounded rows), returned in `semaphore` (it must outlive the launch).
 at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<int64_t> shape, int64_t b, int64_t h,
                          int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore) {
-    int splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
+    const int sm90_splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
+    int splits = sm90_splits;
     if (deterministic && splits == 0) splits = sm80_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
     shape.insert(shape.begin(), std::max(splits, 1));
-    at::Tensor dq_accum = at::zeros(shape, q.options().dtype(at::kFloat));
+    // Sliced sm_90a backward without a left window: the slices are not zeroed; each CTA stores its
+    // first key block's dQ (a superset of its later blocks' rows) and the conversion reads only
+    // the rows a slice holds (BwdParams::dq_store_first). H200 bf16 8k, deterministic + causal bwd
+    // / default: d64 1.16x -> 1.09x, d128 1.24x -> 1.22x. FLASH_ATTN_DET_STORE_FIRST=0 (read at
+    // each call) zeroes them instead, for A/B. Not on the SM80-class d = 256 kernels: the store
+    // branch in their dQ loop cost 7-13% on every feature backward (ptxas spills).
+    const char *store_first_env = std::getenv("FLASH_ATTN_DET_STORE_FIRST");
+    p.dq_store_first = sm90_splits > 0 && p.window_left >= flash::kWindowUnbounded &&
+                       !(store_first_env != nullptr && std::string(store_first_env) == "0");
+    at::Tensor dq_accum = p.dq_store_first ? at::empty(shape, q.options().dtype(at::kFloat))
+                                           : at::zeros(shape, q.options().dtype(at::kFloat));
     p.dq_accum_ptr = dq_accum.data_ptr<float>();
     p.deterministic = deterministic;
     if (splits > 0) {

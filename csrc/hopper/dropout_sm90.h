@@ -117,84 +117,13 @@ __forceinline__ __device__ void dropout_fwd_apply(TensorP &rP, uint4 const *flag
 
 // ---- backward ---------------------------------------------------------------------------------
 
-// The backward's (kBlockM = 64 queries x kBlockN = 128 keys) tile has 512 groups
-// g = c32 + 4 c4 + 16 r8 + 128 rb, (c32, c4) = ((col / 8) % 4, (col % 8) / 2), (r8, rb) =
-// (row % 8, row / 16). Word w of group g lives at flags[w * 512 + (g ^ ((g >> 5) & 3))]: the
-// XOR spreads the 16 groups a warp's load touches over 16 banks; stores stay conflict-free.
-struct DropoutBwdLayout {
-    static constexpr int kGroups = 512;
-    __device__ static int index(int g, int w) { return w * kGroups + (g ^ ((g >> 5) & 3)); }
-};
-
-template <int kBlockM, int kBlockN, int kThreads>
-__forceinline__ __device__ void dropout_bwd_generate(Dropout const &dropout, uint32_t *flags, int row0, int col0,
-                                                     int tidx) {
-    const DropFlags drop_flags(dropout.threshold);
-    static_assert(kBlockM == 64 && kBlockN == 128 && DropoutBwdLayout::kGroups % kThreads == 0);
-    CUTE_UNROLL
-    for (int gi = 0; gi < DropoutBwdLayout::kGroups / kThreads; ++gi) {
-        const int g = tidx + gi * kThreads;
-        const int c32 = g % 4, c4 = (g / 4) % 4, r8 = (g / 16) % 8, rb = g / 128;
-        const int row = row0 + rb * 16 + r8;
-        const int col = col0 + c32 * 8 + c4 * 2;
-        const uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
-        flags[DropoutBwdLayout::index(g, 0)] = drop_flags(r.x);
-        flags[DropoutBwdLayout::index(g, 1)] = drop_flags(r.y);
-        flags[DropoutBwdLayout::index(g, 2)] = drop_flags(r.z);
-        flags[DropoutBwdLayout::index(g, 3)] = drop_flags(r.w);
-    }
-}
-
-// The transposed accumulators S^T / dP^T ((2, 2, kBlockM / 8), 1, 1): element 4j + 2 r2 + c2 is
-// (key x0 + 8 r2, query 8j + 2m + c2), x0 and 2m = the coordinates of element 0. Its flag is
-// byte (x % 2) + 2 (j % 2) of word x / 32 of group (c32, c4) of key x, r8 = 2m + c2, rb = j / 2:
-// two loaded words (c2 = 0, 1) serve the four elements of atoms 2 rb and 2 rb + 1 of a key.
-template <int kBlockM, typename TensorCoord, typename F>
-__forceinline__ __device__ void dropout_bwd_for_each_word_pair(uint32_t const *flags, TensorCoord const &coords,
-                                                               F &&f) {
-    const int x0 = get<0>(coords(0)), m2 = get<1>(coords(0));  // key of r2 = 0, query 2m of j = c2 = 0
-    CUTE_UNROLL
-    for (int r2 = 0; r2 < 2; ++r2) {
-        const int x = x0 + 8 * r2;
-        const int g_key = (x / 8) % 4 + 4 * ((x % 8) / 2);
-        CUTE_UNROLL
-        for (int rb = 0; rb < kBlockM / 16; ++rb) {
-            const uint32_t a = flags[DropoutBwdLayout::index(g_key + 16 * m2 + 128 * rb, x / 32)];
-            const uint32_t b = flags[DropoutBwdLayout::index(g_key + 16 * (m2 + 1) + 128 * rb, x / 32)];
-            CUTE_UNROLL
-            for (int jj = 0; jj < 2; ++jj) { f(r2, 2 * rb + jj, x % 2 + 2 * jj, a, b); }
-        }
-    }
-}
-
-// Clears the dropped elements of the packed P^T (16-bit elements, pair 2j + r2 = queries q, q + 1).
-template <int kBlockM, typename TensorP, typename TensorCoord>
-__forceinline__ __device__ void dropout_bwd_apply_p(TensorP &rP, uint32_t const *flags, TensorCoord const &coords) {
-    static_assert(sizeof(typename TensorP::value_type) == 2);
-    Tensor rP32 = recast<uint32_t>(rP);
-    dropout_bwd_for_each_word_pair<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
-        const uint32_t selector = uint32_t(0x88 | e * 0x11) | (uint32_t(0xcc | e * 0x11) << 8);
-        rP32(2 * j + r2) &= ~prmt(a, b, selector);
-    });
-}
-
-// Zeroes the dropped elements of the fp32 dP^T.
-template <int kBlockM, typename TensorAcc, typename TensorCoord>
-__forceinline__ __device__ void dropout_bwd_apply_dp(TensorAcc &acc, uint32_t const *flags, TensorCoord const &coords) {
-    dropout_bwd_for_each_word_pair<kBlockM>(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
-        const uint32_t selector = (0x8u | uint32_t(e)) * 0x1111u;
-        const int i = 4 * j + 2 * r2;
-        acc(i) = __uint_as_float(__float_as_uint(acc(i)) & ~prmt(a, 0u, selector));
-        acc(i + 1) = __uint_as_float(__float_as_uint(acc(i + 1)) & ~prmt(b, 0u, selector));
-    });
-}
-
-// ---- backward, layout 2 (FLASH_ATTN_BWD_DROPOUT_MODE 1 / 2; flash_bwd_kernel_sm90.h) ---------
+// The backward's (kBlockM = 64 queries x kBlockN = 128 keys) tile has 512 groups, (c32, c4) =
+// ((col / 8) % 4, (col % 8) / 2), (r8, rb) = (row % 8, row / 16) (flash_bwd_kernel_sm90.h).
 //
-// The same groups and the same Philox counters, stored so that the reader's 16 words are 4
-// LDS.128 instead of 16 LDS.32 with run-time swizzled addresses, and the writer's 8 words are 4
-// STS.64. Word w of group (c32, c4, r8, rb) serves keys 32 w + 8 c32 + 2 c4 + {0, 1}, i.e. key
-// pair kp = 16 w + 4 c32 + c4, and query rows 16 rb + r8 + {0, 8}; it lives at word
+// Layout 2 (the first layout, 16 LDS.32 with run-time swizzled addresses per reader, was removed
+// in session 6): the reader's 16 words are 4 LDS.128 and the writer's 8 words are 4 STS.64.
+// Word w of group (c32, c4, r8, rb) serves keys 32 w + 8 c32 + 2 c4 + {0, 1}, i.e. key pair
+// kp = 16 w + 4 c32 + c4, and query rows 16 rb + r8 + {0, 8}; it lives at word
 // kp * 32 + r8 * 4 + rb. A reader (key x, query 2m of element 0) wants groups r8 = 2m + jb
 // (jb = 0: word a, 1: word b) of all four rb: words (x / 2) * 32 + 8 m + 4 jb + rb, two 16-byte
 // loads (conflict-free: a load's 8-lane phase touches 4 distinct 16-byte chunks, 8 m apart).
@@ -226,7 +155,10 @@ __forceinline__ __device__ void dropout_bwd_generate2(Dropout const &dropout, ui
     }
 }
 
-// As dropout_bwd_for_each_word_pair, from layout 2.
+// The transposed accumulators S^T / dP^T ((2, 2, kBlockM / 8), 1, 1): element 4j + 2 r2 + c2 is
+// (key x0 + 8 r2, query 8j + 2m + c2), x0 and 2m = the coordinates of element 0. Its flag is
+// byte (x % 2) + 2 (j % 2) of word x / 32 of group (c32, c4) of key x, r8 = 2m + c2, rb = j / 2:
+// two loaded words (c2 = 0, 1) serve the four elements of atoms 2 rb and 2 rb + 1 of a key.
 template <int kBlockM, typename TensorCoord, typename F>
 __forceinline__ __device__ void dropout_bwd_for_each_word_pair2(uint32_t const *flags, TensorCoord const &coords,
                                                                 F &&f) {

@@ -14,13 +14,11 @@
 // kFeat adds softcap, ALiBi, dropout (the drop flags of the next query block are generated into
 // shared memory while GEMMs run) and the deterministic dQ (per-CTA dq_accum slices).
 //
-// kDropMode (kFeat with dropout; BwdParams::bwd_dropout_mode, FLASH_ATTN_BWD_DROPOUT_MODE):
-//  0: flags in DropoutBwdLayout (16 LDS.32 per application), generated in the S / dP window;
-//  1: flags in DropoutBwdLayout2 (4 LDS.128 per application, 4 STS.64 per generation),
-//     generated after dQ = dS K is issued, in the longest window (dV, dK and dQ in flight,
-//     nothing else left to issue) instead of ahead of the softmax;
-//  2: layout 2, generated in the S / dP window (mode 0's placement).
-// The mask is the same in all three (same Philox counters per element).
+// Dropout flags (kFeat with dropout): layout 2 of dropout_sm90.h (4 LDS.128 per application, 4
+// STS.64 per generation), generated after dQ = dS K is issued, in the longest window (dV, dK and
+// dQ in flight, nothing else left to issue). The alternatives measured on the H200 (session 5,
+// bf16 8k d128: dropout bwd 1.18x of plain here) were the first layout (16 LDS.32 per
+// application) and generation in the S / dP window, ahead of the softmax: 1.24x; removed.
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -42,8 +40,9 @@ using namespace cute;
 
 // One key block: dK, dV of its keys and its dQ contributions (atomics into dq_accum + the
 // slice offset).
-template <typename Traits, bool kFeat, int kDropMode>
-__forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const int n_block, const int64_t dq_slice) {
+template <typename Traits, bool kFeat>
+__forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const int n_block, const int64_t dq_slice,
+                                               const bool dq_store) {
     using Element = typename Traits::Element;
     using index_t = int64_t;
     constexpr int kBlockM = Traits::kBlockM;
@@ -204,17 +203,11 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     const bool is_dropout = kFeat && params.p_dropout > 0.f;
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
     constexpr int kDropFlagWords = Traits::kSmemDropoutFlagsPerStage / 4;
-    static_assert(kDropMode >= 0 && kDropMode <= 2 && (kFeat || kDropMode == 0));
     auto make_drop_flags = [&](int m_block, int stage) {
         if constexpr (kFeat) {
             if (is_dropout) {
-                if constexpr (kDropMode == 0) {
-                    dropout_bwd_generate<kBlockM, kBlockN, Traits::kNThreads>(
-                        dropout, smem_drop_flags + stage * kDropFlagWords, m_block * kBlockM, col0, tidx);
-                } else {
-                    dropout_bwd_generate2<kBlockM, kBlockN, Traits::kNThreads>(
-                        dropout, smem_drop_flags + stage * kDropFlagWords, m_block, n_block, tidx);
-                }
+                dropout_bwd_generate2<kBlockM, kBlockN, Traits::kNThreads>(
+                    dropout, smem_drop_flags + stage * kDropFlagWords, m_block, n_block, tidx);
             }
         }
     };
@@ -231,7 +224,6 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
-        if (kDropMode != 1 && m_block + 1 < m_block_max) { make_drop_flags(m_block + 1, stage ^ 1); }  // overlaps the GEMMs
         const uint32_t *drop_flags_stage = smem_drop_flags + stage * kDropFlagWords;
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
@@ -276,13 +268,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         }
         // dV takes P * keep / (1 - p): the dropped elements are cleared here, 1 / (1 - p) is
         // applied to dV once at the end.
-        if (kFeat && is_dropout) {
-            if constexpr (kDropMode == 0) {
-                dropout_bwd_apply_p<kBlockM>(rP, drop_flags_stage, coords_st);
-            } else {
-                dropout_bwd_apply_p2<kBlockM>(rP, drop_flags_stage, coords_st);
-            }
-        }
+        if (kFeat && is_dropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags_stage, coords_st); }
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                  tdVrdOt(_, _, _, stage), acc_dv);
 
@@ -290,13 +276,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
         warpgroup_fence_operand(acc_dp);
         // out = (P * keep / (1 - p)) V: the dP seen by P is dP * keep / (1 - p).
-        if (kFeat && is_dropout) {
-            if constexpr (kDropMode == 0) {
-                dropout_bwd_apply_dp<kBlockM>(acc_dp, drop_flags_stage, coords_st);
-            } else {
-                dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags_stage, coords_st);
-            }
-        }
+        if (kFeat && is_dropout) { dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags_stage, coords_st); }
         const float dp_scale = kFeat && is_dropout ? dropout.rp : 1.f;
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL
@@ -335,7 +315,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         cutlass::arch::fence_view_async_shared();
         __syncthreads();
         Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        if constexpr (kDropMode == 1) {
+        if constexpr (kFeat) {
             // The next block's flags while dV, dK and dQ run (stage ^ 1 was last read in the
             // previous iteration, before this one's first barrier).
             wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrdS, tdQrKt, acc_dq);
@@ -354,7 +334,11 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
-            atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+            if (dq_store) {  // first write of this slice element (params.dq_store_first)
+                *reinterpret_cast<float2 *>(&tdQgdQaccum(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
+            } else {
+                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+            }
         }
     }
 
@@ -373,7 +357,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
 // out), adding its dQ into slice s of dq_accum. Each slice element is updated by one thread of
 // one CTA, in program order, so the sums (and their order in the conversion) are fixed: no
 // counters, no waiting.
-template <typename Traits, bool kFeat, int kDropMode = 0>
+template <typename Traits, bool kFeat>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) flash_bwd_kernel_sm90(const __grid_constant__ BwdParams params) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
     // One call site (one inlined copy of the block code): the plain grid runs one iteration.
@@ -384,7 +368,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     for (int round = 0, n_block = s; n_block < n_blocks;
          ++round, n_block = round * splits + ((round & 1) ? splits - 1 - s : s)) {
         if (round > 0) { __syncthreads(); }  // the last block's dK/dV staging was read
-        bwd_block_sm90<Traits, kFeat, kDropMode>(params, n_block, dq_slice);
+        bwd_block_sm90<Traits, kFeat>(params, n_block, dq_slice, sliced && params.dq_store_first && round == 0);
     }
 #endif
 }

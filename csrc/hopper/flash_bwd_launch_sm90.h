@@ -14,14 +14,15 @@ namespace flash {
 template <int kHeadDim>
 constexpr bool kHasSm90Bwd = kHeadDim == 64 || kHeadDim == 128;
 
-template <typename Traits, bool kFeat, int kDropMode = 0>
+template <typename Traits, bool kFeat>
 void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
-        auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat, kDropMode>;
+        auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         // Deterministic: dq_accum_splits CTAs per (b, h), each with its own dq_accum slice.
         const bool sliced = kFeat && params.deterministic;
+        params.dq_slice_block_m = Traits::kBlockM, params.dq_slice_block_n = Traits::kBlockN;  // the conversion's view
         const dim3 grid(sliced ? params.dq_accum_splits : ceil_div(params.seqlen_k, Traits::kBlockN), params.b,
                         params.h);
         kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
@@ -37,18 +38,6 @@ void run_mha_bwd_sm90(BwdParams &params, cudaStream_t stream) {
     // 128-key CTAs (2 warpgroups). d64 with 64-key CTAs (1 warpgroup, 2 CTAs/SM, twice the dQ
     // atomics): 273 vs 307 TFLOP/s.
     using Traits = BwdKernelTraitsSm90<kHeadDim, 64, 128, Element>;
-    if constexpr (kFeat) {
-        // Dropout: bwd_dropout_mode picks the flag layout / placement (flash_bwd_kernel_sm90.h);
-        // without dropout the three kernels would do the same work, mode 0's runs.
-        if (params.p_dropout > 0.f && params.bwd_dropout_mode == 1) {
-            launch_bwd_sm90<Traits, true, 1>(params, stream);
-            return;
-        }
-        if (params.p_dropout > 0.f && params.bwd_dropout_mode == 2) {
-            launch_bwd_sm90<Traits, true, 2>(params, stream);
-            return;
-        }
-    }
     launch_bwd_sm90<Traits, kFeat>(params, stream);
 }
 
