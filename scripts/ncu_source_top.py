@@ -39,8 +39,11 @@ def source_top(src_path, top_n):
     if len(rows) < 2:
         print("  (source page empty)")
         return
-    header = rows[0]
-    body = [r for r in rows[1:] if len(r) == len(header)]
+    # The page starts with a "Kernel Name" row; the table header is the first row with a
+    # "Source" cell.
+    start = next((i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r)), 0)
+    header = rows[start]
+    body = [r for r in rows[start + 1:] if len(r) == len(header)]
     def col(*keys):
         for i, h in enumerate(header):
             if all(k.lower() in h.lower() for k in keys):
@@ -65,7 +68,15 @@ def source_top(src_path, top_n):
     for k in sorted(ranked):
         r = body[k]
         print(f"    #{k:5d} {r[i_addr] if i_addr is not None else '':>8s} {100 * num(r[i_all]) / total:5.1f}%  {r[i_src][:90]}")
-    # The instruction mix around the hottest line helps read it: print its +-6 neighbours.
+    by_op = {}
+    for r in body:
+        tok = r[i_src].split()
+        op = tok[1] if tok and tok[0].startswith("@") and len(tok) > 1 else (tok[0] if tok else "?")
+        by_op[op] = by_op.get(op, 0.0) + num(r[i_all])
+    print("  stall samples by opcode:")
+    for op, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:14]:
+        print(f"    {op:32s} {100 * v / total:5.1f}%")
+    # The instruction mix around the hottest line helps read it: print its neighbours.
     hot = ranked[0]
     print("  around the hottest line:")
     for k in range(max(0, hot - 8), min(len(body), hot + 4)):
