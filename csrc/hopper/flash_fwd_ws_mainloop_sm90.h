@@ -287,20 +287,13 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
         fwd_ws_sched_arrive(next_barrier);
-#ifndef FLASH_ATTN_WS_DROPOUT_LATE
         generate_dropout(n_block);  // under the other warpgroup's GEMMs and our S_t (see above)
-#endif
         warpgroup_wait<1>();  // S_t ready; P V may still run
         warpgroup_fence_operand(acc_s_next);
         pipeline_k.consumer_release(state_k);
         ++state_k;
         mask_tile(acc_s_next, n_block);
         auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
-#ifdef FLASH_ATTN_WS_DROPOUT_LATE
-        // Experiment (compile-time): the Philox work in the softmax's basic block, where ptxas can
-        // interleave it with the exps' MUFU latency, instead of its own block before the S wait.
-        generate_dropout(n_block);
-#endif
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         pipeline_v.consumer_release(state_v);
