@@ -22,9 +22,12 @@
 // GEMM (the last reader of that buffer) has completed.
 //
 // Query rows past the sequence: dense calls get zeros from the TMA (rows past seqlen_q of the
-// tensor), varlen calls get the next sequence's rows (the TMA bound is total_q). Both are masked
-// (S = -inf, P = 0) and read LSE = 0, so they contribute exact zeros to dV, dK and dQ; softmax_d
-// past the sequence is 0 (the preprocess writes its padding rows).
+// tensor); varlen calls get the next sequence's rows or whatever the packed tensor holds past the
+// last sequence (the TMA bound is total_q), which the consumers zero in shared memory (Q and dO,
+// that block only) before any GEMM reads them: a masked P = 0 alone would still let 0 x NaN into
+// dV and dS. Those rows are also masked (S = -inf, P = 0) and read LSE = 0, so they contribute
+// exact zeros to dV, dK and dQ; softmax_d past the sequence is 0 (the preprocess writes its
+// padding rows).
 #pragma once
 
 #include <cute/arch/copy_sm80.hpp>
@@ -243,6 +246,22 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     Tensor coords_st_rc = make_tensor(coords_st.data(), acc_layout_rowcol(coords_st.layout()));
     auto new_acc_st = [&]() { return partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}); };
 
+    // Varlen: rows [rows_valid, kBlockM) of stage's Q and dO tiles hold rows past the sequence
+    // (see the header): zeroed by the 256 consumer threads, 16-byte chunks (contiguous under the
+    // swizzle), before the GEMMs. Only the last query block of a sequence.
+    const bool varlen_q = binfo.sum_s_q != -1;
+    auto zero_qdo_tail = [&](int stage, int rows_valid) {
+        constexpr int kChunks = kHeadDim / 8;
+        const int n = (kBlockM - rows_valid) * kChunks;
+        for (int i = tidx; i < n; i += Traits::kNConsumerThreads) {
+            const int row = rows_valid + i / kChunks, col = (i % kChunks) * 8;
+            *reinterpret_cast<uint4 *>(&sQ(row, col, stage)) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(&sdO(row, col, stage)) = make_uint4(0, 0, 0, 0);
+        }
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes before wgmma (async proxy) reads
+        bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
+    };
+
     // K / V landed (cp.async through the generic proxy; wgmma reads through the async proxy).
     cp_async_wait<0>();
     cutlass::arch::fence_view_async_shared();
@@ -254,6 +273,8 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         const int ds_buf = (m_block - m_block_min) & 1;
         pipeline.consumer_wait(state);  // Q, dO, LSE and softmax_d of this block landed
         const int stage = state.index();
+        const bool rows_past_end = row0 + kBlockM > seqlen_q;
+        if (varlen_q && rows_past_end) { zero_qdo_tail(stage, seqlen_q - row0); }
 
         Tensor acc_s = new_acc_st();
         Tensor acc_dp = new_acc_st();
@@ -267,7 +288,6 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         const float *lse_stage = smem_lse + stage * kBlockM;
         const float *dsum_stage = smem_dsum + stage * kBlockM;
         // The tile's rows past the sequence (see the header) are masked too.
-        const bool rows_past_end = row0 + kBlockM > seqlen_q;
         if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL
             for (int i = 0; i < size(acc_s); ++i) {
