@@ -121,6 +121,10 @@ def _extensions():
                 # plain and softcap / ALiBi / dropout ("_feat") variants.
                 sources += [f"csrc/instantiations/flash_fwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
                             for variant in ("", "_feat")]
+            if "90" in archs and d in (64, 128):
+                # The warp-specialised sm_90a backward (FLASH_ATTN_BWD_WS=1; hopper/flash_bwd_ws_*),
+                # plain calls only.
+                sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim{d}_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

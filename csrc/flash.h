@@ -159,6 +159,10 @@ struct BwdParams : FwdParams {
     // only in the rows of key block s's m_block_range (blocks of dq_slice_block_m rows /
     // dq_slice_block_n keys, set by the launcher). Saves the memset of all slices.
     bool dq_store_first;
+    // Run the warp-specialised sm_90a backward (hopper/flash_bwd_ws_*_sm90.h) where it applies;
+    // set by the binding from FLASH_ATTN_BWD_WS (default off). (Sits in the padding after
+    // dq_store_first: no other field moves.)
+    bool bwd_ws;
     int dq_slice_block_m, dq_slice_block_n;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with

@@ -140,6 +140,18 @@ bool fwd_ws_enabled() {
     return choice == "1";
 }
 
+// FLASH_ATTN_BWD_WS=1, read at each call so that one process can time both: the plain sm_90a
+// backward calls (head-dim tiles 64 and 128, no softcap / ALiBi / dropout / deterministic) run the
+// warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp, two consumer
+// warpgroups) instead of the lock-step one. Default off (unset, empty or 0).
+bool bwd_ws_enabled() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS");
+    if (env == nullptr || env[0] == '\0') return false;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1", "flash_attn: FLASH_ATTN_BWD_WS must be '0' or '1', got '", choice, "'");
+    return choice == "1";
+}
+
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
 void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
@@ -434,6 +446,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.dv_head_stride = dv_expanded.stride(2);
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
+        params.bwd_ws = bwd_ws_enabled();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -693,6 +706,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
         params.accum_rows = accum_rows;
+        params.bwd_ws = bwd_ws_enabled();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);

@@ -1,0 +1,421 @@
+// Warp-specialised sm_90a backward (FA3-style), plain variant (no softcap / ALiBi / dropout /
+// deterministic dQ: those stay on flash_bwd_kernel_sm90.h). Default off; FLASH_ATTN_BWD_WS=1.
+//
+// One CTA per (128-key block, batch, query head), walking the 64-row query blocks that can see its
+// keys, as the lock-step kernel; what changes is who loads what and how the warps wait:
+//
+//   producer warpgroup (one thread): per query block, TMA loads of Q, dO (64 x d tiles) and of the
+//       LSE and softmax_d rows (64 floats each, 1-D boxes) into stage s of a kStages-deep ring,
+//       all on stage s's full barrier (PipelineTmaAsync); it runs ahead until the ring is full.
+//   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block): K and V once (cp.async,
+//       zero-filled past seqlen_k, as today), then per query block
+//         wait full[s]
+//         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q   (as today)
+//         dS^T -> dS buffer (block parity); named barrier kdS over the 256 consumer threads
+//         dQ = dS K; wait all GEMMs; release stage s (empty[s], 256 arrivals)
+//         fp32 atomics of dQ into dq_accum                                        (as today)
+//
+// No __syncthreads after the start: the producer's warps retire early. The one cross-warpgroup
+// dependency per query block is the dS exchange (dQ needs both halves of dS); with two dS buffers
+// a single barrier per block is enough: a warpgroup writes buffer (i & 1) in block i only after
+// passing block i - 1's barrier, which the other warpgroup reaches only after its block i - 2 dQ
+// GEMM (the last reader of that buffer) has completed.
+//
+// Query rows past the sequence: dense calls get zeros from the TMA (rows past seqlen_q of the
+// tensor); varlen calls get the next sequence's rows or whatever the packed tensor holds past the
+// last sequence (the TMA bound is total_q), which the consumers zero in shared memory (Q and dO,
+// that block only) before any GEMM reads them: a masked P = 0 alone would still let 0 x NaN into
+// dV and dS. Those rows are also masked (S = -inf, P = 0) and read LSE = 0, so they contribute
+// exact zeros to dV, dK and dQ; softmax_d past the sequence is 0 (the preprocess writes its
+// padding rows).
+#pragma once
+
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "../block_info.h"
+#include "../flash.h"
+#include "../flash_bwd_kernel.h"  // accum_row0
+#include "../mask.h"
+#include "../utils.h"
+#include "flash_fwd_kernel_sm90.h"  // wgmma
+#include "kernel_traits_bwd_ws_sm90.h"
+
+namespace flash {
+
+using namespace cute;
+
+__forceinline__ __device__ void bwd_ws_consumer_sync(BwdWsBarrier barrier) {
+    cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(barrier));
+}
+
+// store_tile (flash_fwd_kernel.h) with its CTA-wide barrier replaced by the consumers' one.
+template <typename Traits, typename TiledMma, typename TensorAcc, typename SmemLayout>
+__forceinline__ __device__ void bwd_ws_store_tile(TensorAcc const &acc, char *smem, SmemLayout smem_layout,
+                                                  typename Traits::Element *gmem_ptr, int64_t row_stride, int max_rows,
+                                                  int max_cols, int tidx) {
+    using Element = typename Traits::Element;
+    constexpr int kRows = decltype(size<0>(smem_layout))::value;
+    constexpr int kCols = decltype(size<1>(smem_layout))::value;
+    Tensor r = convert_type<Element>(acc);
+    Tensor s = make_tensor(make_smem_ptr(reinterpret_cast<Element *>(smem)), smem_layout);
+    auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, TiledMma{});
+    auto thr_smem_copy = smem_copy.get_thread_slice(tidx);
+    cute::copy(smem_copy, thr_smem_copy.retile_S(r), thr_smem_copy.partition_D(s));
+    bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
+
+    Tensor g = make_tensor(make_gmem_ptr(gmem_ptr), Shape<Int<kRows>, Int<kCols>>{}, make_stride(row_stride, _1{}));
+    typename Traits::GmemTiledCopyStore gmem_copy;
+    auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
+    Tensor tS = thr_gmem_copy.partition_S(s);
+    Tensor tG = thr_gmem_copy.partition_D(g);
+    Tensor tR = make_tensor<Element>(shape(tG));
+    cute::copy(gmem_copy, tS, tR);
+    Tensor tC = thr_gmem_copy.partition_D(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
+    Tensor pred = make_col_predicate(tC, max_cols);
+    copy_tile</*kClearOOB=*/false>(gmem_copy, tR, tG, tC, pred, max_rows);
+}
+
+// ---- producer: one thread ---------------------------------------------------------------------
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
+                                            typename Traits::Pipeline &pipeline, BlockInfo const &binfo, int bidb,
+                                            int bidh, int m_block_min, int m_block_max) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    BwdParams const &params = kp.p;
+    const bool varlen_q = binfo.sum_s_q != -1;
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQdO{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutQdO{});
+    Tensor sLSE = make_tensor(make_smem_ptr(ss.smem_lse.data()), typename Traits::SmemLayoutRow{});
+    Tensor sdsum = make_tensor(make_smem_ptr(ss.smem_dsum.data()), typename Traits::SmemLayoutRow{});
+
+    // Varlen: the sequence starts at row cu_seqlens_q[b] of the packed tensor (batch index 0).
+    Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, bidh, varlen_q ? 0 : bidb);
+    Tensor mdO = kp.tma_do.get_tma_tensor(kp.shape_q)(_, _, bidh, varlen_q ? 0 : bidb);
+    Tensor gQ = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mQ),
+                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (M, d, m)
+    Tensor gdO = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mdO),
+                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    // Element offsets of this (batch, head)'s row 0 in the LSE / softmax_d buffers (< 2^31: the
+    // launcher checks the buffer sizes).
+    const int lse_row0 = static_cast<int>((varlen_q ? int64_t(binfo.sum_s_q) : int64_t(bidb) * params.lse_batch_stride) +
+                                          int64_t(bidh) * params.lse_head_stride);
+    const int dsum_row0 = static_cast<int>(accum_row0(params, binfo, bidb, bidh));
+    Tensor mLSE = kp.tma_lse.get_tma_tensor(kp.shape_lse);
+    Tensor mdsum = kp.tma_dsum.get_tma_tensor(kp.shape_dsum);
+    Tensor gLSE = local_tile(domain_offset(make_coord(lse_row0), mLSE), Shape<Int<kBlockM>>{}, make_coord(_));  // (M, m)
+    Tensor gdsum = local_tile(domain_offset(make_coord(dsum_row0), mdsum), Shape<Int<kBlockM>>{}, make_coord(_));
+
+    // (TMA, block) views of global and (TMA, stage) views of shared memory.
+    auto tma_q = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto tma_do = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+    auto tma_lse = tma_partition(kp.tma_lse, Int<0>{}, Layout<_1>{}, group_modes<0, 1>(sLSE), group_modes<0, 1>(gLSE));
+    auto tma_dsum =
+        tma_partition(kp.tma_dsum, Int<0>{}, Layout<_1>{}, group_modes<0, 1>(sdsum), group_modes<0, 1>(gdsum));
+    auto &tQgQ = get<0>(tma_q);
+    auto &tQsQ = get<1>(tma_q);
+    auto &tdOgdO = get<0>(tma_do);
+    auto &tdOsdO = get<1>(tma_do);
+    auto &tLgL = get<0>(tma_lse);
+    auto &tLsL = get<1>(tma_lse);
+    auto &tDgD = get<0>(tma_dsum);
+    auto &tDsD = get<1>(tma_dsum);
+
+    auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+        pipeline.producer_acquire(state);  // the slot is free; arms full[s] with kStageBytes
+        auto &full = *pipeline.producer_get_barrier(state);
+        const int s = state.index();
+        copy(kp.tma_q.with(full), tQgQ(_, m_block), tQsQ(_, s));
+        copy(kp.tma_do.with(full), tdOgdO(_, m_block), tdOsdO(_, s));
+        copy(kp.tma_lse.with(full), tLgL(_, m_block), tLsL(_, s));
+        copy(kp.tma_dsum.with(full), tDgD(_, m_block), tDsD(_, s));
+        ++state;
+    }
+    // No producer_tail: without clusters the CTA (and its shared memory) lives until the
+    // consumers finish, and every slot issued here is consumed by them.
+}
+
+// ---- consumers: both warpgroups, tidx = thread index among the 256 consumer threads -------------
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename Traits::SharedStorage &ss,
+                                               typename Traits::Pipeline &pipeline, BlockInfo const &binfo,
+                                               int n_block, int bidb, int bidh, int m_block_min, int m_block_max,
+                                               int tidx) {
+    using Element = typename Traits::Element;
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const int bidh_k = bidh / params.h_h_k_ratio;
+    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
+    const int col0 = n_block * kBlockN;
+    const int keys_left = seqlen_k - col0;
+    const int diag = seqlen_k - seqlen_q;
+    const Mask mask{seqlen_k, diag, params.window_left, params.window_right};
+
+    typename Traits::TiledMmadKV tiled_mma_dkv;
+    auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
+    Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(acc_dk);
+    clear(acc_dv);
+
+    auto store_dk_dv = [&]() {
+        // Every wgmma of both warpgroups has finished reading shared memory, and every TMA load
+        // issued has landed (each was waited for): Q / dO / K / V are free for the staging.
+        bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
+        char *smem = reinterpret_cast<char *>(ss.smem_q.data());
+        Element *dk_ptr = reinterpret_cast<Element *>(params.dk_ptr) +
+                          binfo.k_offset(params.dk_batch_stride, params.dk_row_stride, bidb) +
+                          bidh * params.dk_head_stride + index_t(col0) * params.dk_row_stride;
+        Element *dv_ptr = reinterpret_cast<Element *>(params.dv_ptr) +
+                          binfo.k_offset(params.dv_batch_stride, params.dv_row_stride, bidb) +
+                          bidh * params.dv_head_stride + index_t(col0) * params.dv_row_stride;
+        constexpr int kdKVBytes = cosize(typename Traits::SmemLayoutdKV{}) * sizeof(Element);
+        bwd_ws_store_tile<Traits, typename Traits::TiledMmadKV>(acc_dk, smem, typename Traits::SmemLayoutdKV{}, dk_ptr,
+                                                                params.dk_row_stride, keys_left, params.d, tidx);
+        bwd_ws_store_tile<Traits, typename Traits::TiledMmadKV>(acc_dv, smem + kdKVBytes,
+                                                                typename Traits::SmemLayoutdKV{}, dv_ptr,
+                                                                params.dv_row_stride, keys_left, params.d, tidx);
+    };
+    if (m_block_max <= m_block_min) {  // no query sees these keys: dK = dV = 0
+        store_dk_dv();
+        return;
+    }
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQdO{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQdOt{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutQdO{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutQdOt{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
+    const float *smem_lse = ss.smem_lse.data();
+    const float *smem_dsum = ss.smem_dsum.data();
+
+    const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
+    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
+
+    // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
+    {
+        typename Traits::GmemTiledCopyLoad gmem_copy;
+        auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
+        Tensor tKVcKV = thr_gmem_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+        Tensor tKVpKV = make_col_predicate(tKVcKV, params.d);
+        Tensor gK = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.k_ptr) +
+                                              binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) +
+                                              bidh_k * params.k_head_stride + index_t(col0) * params.k_row_stride),
+                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.k_row_stride, _1{}));
+        Tensor gV = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.v_ptr) +
+                                              binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) +
+                                              bidh_k * params.v_head_stride + index_t(col0) * params.v_row_stride),
+                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.v_row_stride, _1{}));
+        Tensor tKsK = thr_gmem_copy.partition_D(sK);
+        Tensor tVsV = thr_gmem_copy.partition_D(sV);
+        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
+        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
+        cp_async_fence();
+    }
+
+    // ---- MMA operands ----
+    typename Traits::TiledMmaSdP tiled_mma_sdp;
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
+    Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);    // smem descriptors
+    Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stage)
+    Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_mma_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
+    Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);
+    typename Traits::TiledMmadQ tiled_mma_dq;
+    auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
+    Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_K, buffer)
+    Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);
+    Tensor tdSsdSt = thr_mma_sdp.partition_C(sdSt);  // where this thread's dS^T elements go (.., buffer)
+
+    // Accumulator coordinates: mode 0 = key (within the block), mode 1 = query row.
+    Tensor coords_st = thr_mma_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor coords_st_rc = make_tensor(coords_st.data(), acc_layout_rowcol(coords_st.layout()));
+    auto new_acc_st = [&]() { return partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}); };
+
+    // Varlen: rows [rows_valid, kBlockM) of stage's Q and dO tiles hold rows past the sequence
+    // (see the header): zeroed by the 256 consumer threads, 16-byte chunks (contiguous under the
+    // swizzle), before the GEMMs. Only the last query block of a sequence.
+    const bool varlen_q = binfo.sum_s_q != -1;
+    auto zero_qdo_tail = [&](int stage, int rows_valid) {
+        constexpr int kChunks = kHeadDim / 8;
+        const int n = (kBlockM - rows_valid) * kChunks;
+        for (int i = tidx; i < n; i += Traits::kNConsumerThreads) {
+            const int row = rows_valid + i / kChunks, col = (i % kChunks) * 8;
+            *reinterpret_cast<uint4 *>(&sQ(row, col, stage)) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(&sdO(row, col, stage)) = make_uint4(0, 0, 0, 0);
+        }
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes before wgmma (async proxy) reads
+        bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
+    };
+
+    // K / V landed (cp.async through the generic proxy; wgmma reads through the async proxy).
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();
+    bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
+
+    typename Traits::PipelineState state;  // consumer start: stage 0, phase 0
+    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+        const int row0 = m_block * kBlockM;
+        const int ds_buf = (m_block - m_block_min) & 1;
+        pipeline.consumer_wait(state);  // Q, dO, LSE and softmax_d of this block landed
+        const int stage = state.index();
+        const bool rows_past_end = row0 + kBlockM > seqlen_q;
+        if (varlen_q && rows_past_end) { zero_qdo_tail(stage, seqlen_q - row0); }
+
+        Tensor acc_s = new_acc_st();
+        Tensor acc_dp = new_acc_st();
+        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+
+        // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(acc_s);
+        Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
+        const float *lse_stage = smem_lse + stage * kBlockM;
+        const float *dsum_stage = smem_dsum + stage * kBlockM;
+        // The tile's rows past the sequence (see the header) are masked too.
+        if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) {
+                const int key = col0 + get<0>(coords_st(i));
+                const int row = row0 + get<1>(coords_st(i));
+                const bool masked = (key >= seqlen_k) | (row >= seqlen_q) | (key > row + diag + params.window_right) |
+                                    (key < row + diag - params.window_left);
+                acc_s(i) = masked ? -INFINITY : acc_s(i);
+            }
+        }
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+            const int r = get<1>(coords_st_rc(0, ni));
+            // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
+            // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
+            const float lse_log2 = row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f;
+            CUTE_UNROLL
+            for (int mi = 0; mi < size<0>(scores); ++mi) {
+                scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse_log2);
+            }
+        }
+        Tensor rP = make_tensor_like<Element>(acc_s);
+        {
+            Tensor converted = convert_type<Element>(acc_s);
+            cute::copy(converted, rP);
+        }
+        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
+                                                 tdVrdOt(_, _, _, stage), acc_dv);
+
+        // dS^T = P^T * (dP^T - softmax_d).
+        warpgroup_wait<1>();  // dP^T ready (dV may still run)
+        warpgroup_fence_operand(acc_dp);
+        Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(dS); ++ni) {
+            const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
+            CUTE_UNROLL
+            for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum); }
+        }
+        Tensor rdS = make_tensor_like<Element>(acc_dp);
+        {
+            Tensor converted = convert_type<Element>(acc_dp);
+            cute::copy(converted, rdS);
+        }
+        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
+                                                 tdKrQt(_, _, _, stage), acc_dk);
+
+        // dQ = dS K over the whole key block: dS^T of both warpgroups through shared memory.
+        {
+            Tensor tdSsdSt_buf = tdSsdSt(_, _, _, ds_buf);
+            cute::copy(rdS, tdSsdSt_buf);
+        }
+        cutlass::arch::fence_view_async_shared();
+        bwd_ws_consumer_sync(BwdWsBarrier::kdS);
+        Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
+        warpgroup_fence_operand(acc_dv);
+        warpgroup_fence_operand(acc_dk);
+        // Every GEMM of this block has completed: Q, dO, LSE and softmax_d of the stage are free
+        // for the producer's next load while the atomics below run.
+        pipeline.consumer_release(state);
+        ++state;
+
+        // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
+        Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+        Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
+            atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+        }
+    }
+
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
+    store_dk_dv();
+}
+
+// Grid (key blocks, b, h), 384 threads: warpgroup 0 the producer, 1-2 the consumers.
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_bwd_ws_kernel_sm90(const __grid_constant__ BwdWsKernelParams<Traits> kp) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+    using Pipeline = typename Traits::Pipeline;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    BwdParams const &params = kp.p;
+
+    extern __shared__ __align__(1024) char smem[];
+    auto &ss = *reinterpret_cast<typename Traits::SharedStorage *>(smem);
+
+    const int n_block = blockIdx.x;
+    const int bidb = blockIdx.y;
+    const int bidh = blockIdx.z;
+    const BlockInfo binfo(params, bidb);
+    const int col0 = n_block * kBlockN;
+    if (col0 >= binfo.seqlen_k) return;  // whole CTA (varlen: a shorter sequence), before any barrier
+    const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
+    int m_block_min, m_block_max;
+    mask.m_block_range(col0, kBlockN, kBlockM, m_block_min, m_block_max);
+
+    const int warp_group_idx = cutlass::canonical_warp_group_idx();
+    typename Pipeline::Params pipe_params;
+    pipe_params.transaction_bytes = Traits::kStageBytes;
+    pipe_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pipe_params.is_leader = threadIdx.x == 0;  // the producer thread
+    pipe_params.num_consumers = Traits::kNConsumerThreads;
+    // The constructor initialises the barriers from warp 0 and fences the initialisation.
+    Pipeline pipeline(ss.pipeline, pipe_params, Shape<_1, _1, _1>{});
+    __syncthreads();  // barriers initialised before anyone waits on or arrives at them
+
+    if (warp_group_idx == 0) {
+        // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
+        cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+        if (threadIdx.x == 0 && m_block_max > m_block_min) {
+            cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
+            bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
+        }
+    } else {
+        // ---- consumer warpgroups ----
+        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+        bwd_ws_consume<Traits>(params, ss, pipeline, binfo, n_block, bidb, bidh, m_block_min, m_block_max,
+                               threadIdx.x - 128);
+    }
+#endif
+}
+
+}  // namespace flash

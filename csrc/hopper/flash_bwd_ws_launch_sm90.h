@@ -1,0 +1,118 @@
+// Launch of the warp-specialised sm_90a backward (flash_bwd_ws_kernel_sm90.h): tile configuration
+// per head dim, the TMA descriptors over q / dout (dense (b, s, h, d) or varlen packed (total, h,
+// d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
+// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu; called from run_mha_bwd_
+// (flash_bwd_launch.h) when params.bwd_ws is set (FLASH_ATTN_BWD_WS=1), plain calls only.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../flash.h"
+#include "../flash_bwd_kernel.h"  // launch_bwd_passes (preprocess, dq conversion)
+#include "../flash_bwd_launch.h"  // the declaration of run_mha_bwd_ws_sm90
+#include "../launch_check.h"
+#include "flash_bwd_ws_kernel_sm90.h"
+#include "kernel_traits_bwd_ws_sm90.h"
+
+namespace flash {
+
+// Stages of the Q / dO / LSE / softmax_d ring per head dim (64 x 128 tiles, 128-key CTAs):
+//   d64:  3 stages: Q + dO 3 x 16 KB + K + V 32 KB + dS 2 x 16 KB         = 112 KB
+//   d128: 2 stages: Q + dO 2 x 32 KB + K + V 64 KB + dS 2 x 16 KB         = 160 KB
+// (d128 with 3 stages would take 192 KB; FA3 keeps 2 there.)
+template <typename Element, int kHeadDim>
+using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element>;
+
+namespace bwd_ws_detail {
+
+// TMA wants every global stride a multiple of 16 bytes; a mode of extent 1 is never stepped
+// through, so its stride may be anything: give it one the TMA accepts.
+inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
+inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
+
+template <typename Traits>
+void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems, int64_t dsum_elems) {
+    using Element = typename Traits::Element;
+    BwdWsKernelParams<Traits> kp{};
+    kp.p = params;
+    kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
+    kp.shape_lse = make_shape(static_cast<int32_t>(lse_elems));
+    kp.shape_dsum = make_shape(static_cast<int32_t>(dsum_elems));
+    auto gmem = [&](void *ptr, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+        return make_tensor(make_gmem_ptr(static_cast<Element const *>(ptr)), kp.shape_q,
+                           make_stride(tma_stride(row_stride, rows_q), _1{}, tma_stride(head_stride, params.h),
+                                       tma_stride(batch_stride, batch_q)));
+    };
+    auto row_tensor = [&](float const *ptr, typename Traits::GmemShapeRow shape) {
+        return make_tensor(make_gmem_ptr(ptr), shape, Stride<_1>{});
+    };
+    using TileQdO = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.q_ptr, params.q_row_stride, params.q_head_stride, params.q_batch_stride),
+                             typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{},
+                              gmem(params.do_ptr, params.do_row_stride, params.do_head_stride, params.do_batch_stride),
+                              typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
+    kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_lse_ptr, kp.shape_lse),
+                               typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kBlockM>>{}, _1{});
+    kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_d_ptr, kp.shape_dsum),
+                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kBlockM>>{}, _1{});
+
+    launch_bwd_passes<Element>(params, stream, [&] {
+        constexpr int smem_size = Traits::kSmemSize;
+        auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+        params.dq_slice_block_m = Traits::kBlockM, params.dq_slice_block_n = Traits::kBlockN;  // the conversion's view
+        const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
+        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
+        FLASH_CHECK_LAUNCH();
+    });
+}
+
+}  // namespace bwd_ws_detail
+
+// Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
+// the lock-step sm_90a backward. Served: the plain backward (no softcap / ALiBi / dropout /
+// deterministic: those are feature calls, kFeat), causal / sliding window, dense or varlen, MQA /
+// GQA. Not served: K/V-cache refinements (never set by the backward binding, checked anyway),
+// q / dout strides the TMA cannot address (not multiples of 16 bytes), LSE / softmax_d buffers of
+// 2^31 elements or more (1-D TMA coordinates are int32).
+template <typename Element, int kHeadDim>
+bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90Bwd<kHeadDim>);
+    using Traits = BwdWsTraitsFor<Element, kHeadDim>;
+    if (has_features(params) || params.seqused_k != nullptr || params.leftpad_k != nullptr ||
+        params.kv_batch_idx != nullptr || params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0 ||
+        params.dq_accum_splits > 1) {
+        return false;
+    }
+    const bool varlen_q = params.cu_seqlens_q != nullptr;
+    const int rows_q = varlen_q ? params.total_q : params.seqlen_q;
+    const int batch_q = varlen_q ? 1 : params.b;
+    if (rows_q <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(params.q_ptr) % 16 != 0 || reinterpret_cast<uintptr_t>(params.do_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.softmax_lse_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.softmax_d_ptr) % 16 != 0) {
+        return false;
+    }
+    using bwd_ws_detail::tma_stride_ok;
+    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
+          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.do_row_stride, rows_q) &&
+          tma_stride_ok(params.do_head_stride, params.h) && tma_stride_ok(params.do_batch_stride, batch_q))) {
+        return false;
+    }
+    // Elements of the LSE / softmax_d buffers as the kernel addresses them (one past the last).
+    // Dense LSE (b, h, seqlen_q), varlen (h, total_q); softmax_d (b, h, seqlen_q_rounded), varlen
+    // (h, accum_rows).
+    const int64_t lse_elems = varlen_q ? int64_t(params.h - 1) * params.lse_head_stride + params.total_q
+                                       : int64_t(params.b - 1) * params.lse_batch_stride +
+                                             int64_t(params.h - 1) * params.lse_head_stride + params.seqlen_q;
+    const int64_t dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows
+                                        : int64_t(params.b) * params.h * params.seqlen_q_rounded;
+    if (lse_elems >= (int64_t(1) << 31) || dsum_elems >= (int64_t(1) << 31)) return false;
+    bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    return true;
+}
+
+}  // namespace flash

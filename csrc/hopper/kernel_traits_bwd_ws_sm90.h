@@ -1,0 +1,121 @@
+// Tiles, shared-memory layouts, TMA types and shared storage of the warp-specialised sm_90a
+// backward (flash_bwd_ws_kernel_sm90.h).
+//
+// One CTA per (128-key block, batch, query head), 3 warpgroups:
+//   warpgroup 0:    producer. One thread issues the TMA loads of each query block's Q and dO tiles
+//                   and its LSE and softmax_d rows into a kStages-deep ring (PipelineTmaAsync);
+//                   registers cut to kProducerRegs, its other warps retire.
+//   warpgroups 1-2: consumers, exactly the GEMMs, tiles and register layouts of the lock-step
+//                   kernel (BwdKernelTraitsSm90<d, 64, 128>: warpgroup w + 1 owns keys
+//                   [64 w, 64 w + 64)), registers raised to kConsumerRegs.
+#pragma once
+
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "../flash.h"
+#include "kernel_traits_bwd_sm90.h"
+#include "kernel_traits_sm90.h"  // GmmaSmemAtomK
+
+namespace flash {
+
+using namespace cute;
+
+// Named barriers of the warp-specialised backward (ids above CUTLASS's reserved ones), all over
+// the 256 consumer threads: the producer warpgroup never joins them, and __syncthreads would wait
+// for its retired warps.
+enum class BwdWsBarrier : uint32_t {
+    kConsumers = 0,  // K / V landed; dK / dV staging (epilogue)
+    kdS = 1,         // both warpgroups' dS^T of this query block are in shared memory
+};
+
+template <int kHeadDim_, int kStages_, typename Element_>
+struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
+    // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
+    // copy atoms (GmemTiledCopyLoad for K / V, the store_tile atoms), all indexed by the consumer
+    // thread index 0..255.
+    using Base = BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_>;
+    using typename Base::Element;
+    using Base::kBlockM;
+    using Base::kBlockN;
+    using Base::kHeadDim;
+    static_assert(Base::kNWarpgroups == 2);
+    static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
+    static constexpr int kNConsumerThreads = 256;
+    static constexpr int kNThreads = 128 + kNConsumerThreads;
+    static_assert(Base::kNThreads == kNConsumerThreads);
+    // FA3's split for one producer + two consumer warpgroups: 128 x 24 + 256 x 240 = 64512 registers.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+
+    using SmemAtom = GmmaSmemAtomK<Element, kHeadDim>;
+    // Q / dO: (kBlockM, d, stage), K-major, one TMA tile per stage; Q^T / dO^T over the same bytes.
+    using SmemLayoutQdOTile = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    using SmemLayoutQdO = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+    using SmemLayoutQdOt = decltype(composition(
+        SmemLayoutQdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+    // dS (m, n, buffer), two buffers: a warpgroup writes block i + 1's dS^T while the other may
+    // still run block i's dQ = dS K, so one barrier per query block suffices (see the kernel).
+    static constexpr int kdSBuffers = 2;
+    using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                Shape<Int<kBlockM>, Int<kBlockN>, Int<kdSBuffers>>{}));
+    using SmemLayoutdSt = decltype(composition(
+        SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kdSBuffers>>{}, Step<_2, _1, _3>{})));
+    // LSE / softmax_d rows: (kBlockM, stage) fp32, one 1-D TMA box per stage.
+    using SmemLayoutRowTile = Layout<Shape<Int<kBlockM>>>;
+    using SmemLayoutRow = Layout<Shape<Int<kBlockM>, Int<kStages>>>;
+
+    // Global tensors as the TMA sees them. Q / dO: (rows, d, heads, batch), d contiguous; dense:
+    // rows = seqlen_q, batch = b; varlen: rows = total_q, batch = 1 (as the forward). LSE /
+    // softmax_d: the whole fp32 buffer as one 1-D tensor, each (batch, head) row found by an
+    // element offset: their row strides (seqlen_q, accum_rows) are not multiples of 16 bytes in
+    // general, which a 2-D TMA tensor would need.
+    using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+    using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+    using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const *>(nullptr)), GmemShape{}, GmemStride{}));
+    using GmemShapeRow = Shape<int32_t>;
+    using GmemTensorRow = decltype(make_tensor(make_gmem_ptr(static_cast<float const *>(nullptr)), GmemShapeRow{},
+                                               Stride<_1>{}));
+    using TmaQdO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQdOTile{},
+                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+    using TmaRow = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorRow{}, SmemLayoutRowTile{}, Shape<Int<kBlockM>>{},
+                                          _1{}));
+    // Bytes landing per stage; a TMA box counts in full, zero-filled parts included.
+    static constexpr uint32_t kStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+
+    using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+    using PipelineState = typename Pipeline::PipelineState;
+
+    struct SharedStorage {
+        // Q, dO, K and V first and contiguous: the dK / dV staging of the epilogue reuses them.
+        cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_q;
+        cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_do;
+        cute::array_aligned<Element, cosize_v<typename Base::SmemLayoutKV>, 1024> smem_k;
+        cute::array_aligned<Element, cosize_v<typename Base::SmemLayoutKV>, 1024> smem_v;
+        cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> smem_ds;
+        cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_lse;  // TMA: 128-byte aligned boxes
+        cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_dsum;
+        typename Pipeline::SharedStorage pipeline;
+    };
+    static constexpr int kSmemSize = sizeof(SharedStorage);
+    static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
+    static_assert(2 * cosize(typename Base::SmemLayoutdKV{}) <=
+                  2 * cosize(SmemLayoutQdO{}) + 2 * cosize(typename Base::SmemLayoutKV{}));
+};
+
+// Kernel arguments: the plain parameters plus the TMA descriptors (grid constants: TMA reads the
+// descriptors from parameter space) and the global shapes they were built with.
+template <typename Traits>
+struct BwdWsKernelParams {
+    BwdParams p;
+    typename Traits::TmaQdO tma_q;
+    typename Traits::TmaQdO tma_do;
+    typename Traits::TmaRow tma_lse;
+    typename Traits::TmaRow tma_dsum;
+    typename Traits::GmemShape shape_q;
+    typename Traits::GmemShapeRow shape_lse, shape_dsum;
+};
+
+}  // namespace flash
