@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // (barrier_q_empty, one phase per valid tile, all consumer threads arrive); barrier_q also
     // completes one phase per valid tile (a plain producer arrival for tiles without work, whose
     // epilogue still stages zeros through the Q tiles), so that neither side gets two phases ahead
-    // and the parity waits stay unambiguous. The non-persistent kernel (one tile) arrives on
-    // barrier_q_empty but nobody waits on it.
+    // and the parity waits stay unambiguous.
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
@@ -153,8 +152,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
                 fill(lse, INFINITY);
                 fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
-                cutlass::arch::fence_view_async_shared();  // our smem accesses before the next Q's TMA writes
-                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+                if constexpr (kPersistent) {  // our smem accesses before the next Q's TMA writes
+                    cutlass::arch::fence_view_async_shared();
+                    cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+                }
                 continue;
             }
             if (wg == 0) {  // WG0 takes the first turn on the tensor cores
@@ -202,8 +203,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             } else {
                 fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
             }
-            cutlass::arch::fence_view_async_shared();  // our smem accesses before the next Q's TMA writes
-            cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+            if constexpr (kPersistent) {  // our smem accesses before the next Q's TMA writes
+                cutlass::arch::fence_view_async_shared();
+                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+            }
         }
     }
 #endif
