@@ -11,7 +11,7 @@ bf16, d64 / d128 / d256 (and d below a tile), causal / not, sliding windows, seq
 above the SM count (tiles per CTA 0..~100), varlen with short, long and length-0/1 sequences.
 Then times both paths over seqlen 512..16k (16k tokens, hidden 2048), bf16, causal off / on.
 
-    python scripts/check_fwd_ws_persistent.py [--no-bench] [--bench-only]
+    python scripts/check_fwd_ws_persistent.py [--no-bench] [--bench-only] [--headdims 64,128,256]
 """
 
 import argparse
@@ -103,11 +103,11 @@ def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal):
         U.assert_lse_close(lse[:, a:a + sq][None], lse_ref, sq, sk, causal)
 
 
-def cases():
+def cases(headdims=(64, 128, 256), dtypes=(torch.bfloat16, torch.float16)):
     out = []
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in dtypes:
         dn = U.DTYPE_NAMES[dtype]
-        for d in (64, 128, 256):
+        for d in headdims:
             for causal in (False, True):
                 for b, sq, sk, h, hk in ((2, 1, 1, 4, 2), (2, 113, 1023, 4, 2), (2, 1023, 113, 4, 2),
                                          (3, 777, 777, 5, 5), (1, 4096, 4096, 2, 1), (16, 512, 512, 16, 4)):
@@ -115,7 +115,9 @@ def cases():
                                 lambda dtype=dtype, d=d, causal=causal, b=b, sq=sq, sk=sk, h=h, hk=hk:
                                 check_dense(dtype, d, b, sq, sk, h, hk, causal)))
     bf = torch.bfloat16
-    out += [
+    if bf not in dtypes:
+        return out
+    extra = [
         ("bf16 d128 many tiles (b32 h32 s512: 4096 tiles)", lambda: check_dense(bf, 128, 32, 512, 512, 32, 8, True)),
         ("bf16 d64 fewer tiles than SMs (b1 h1 s1000)", lambda: check_dense(bf, 64, 1, 1000, 1000, 1, 1, False)),
         ("bf16 d128 sliding window (64, 16)", lambda: check_dense(bf, 128, 2, 600, 700, 4, 2, False, (64, 16))),
@@ -129,14 +131,19 @@ def cases():
         ("varlen fp16 d64 full", lambda: check_varlen(torch.float16, 64, [200, 1, 64, 0], [64, 200, 1, 9], 4, 4, False)),
         ("varlen bf16 d256 causal", lambda: check_varlen(bf, 256, [130, 7, 260, 1500], [260, 7, 130, 1500], 2, 2, True)),
     ]
+    tile = {40: 64, 64: 64, 96: 128, 128: 128, 256: 256}
+    for name, fn in extra:
+        d = int(name.split(" d")[1].split()[0].split("-")[0])
+        if tile[d] in headdims:
+            out.append((name, fn))
     return out
 
 
-def bench():
+def bench(headdims=(64, 128, 256)):
     from triton.testing import do_bench
 
     print("\nbf16, 16k tokens, hidden 2048: TFLOP/s (4 B H S^2 D, halved for causal), default vs persistent")
-    for d in (64, 128, 256):
+    for d in headdims:
         h = 2048 // d
         for causal in (False, True):
             cells = []
@@ -158,11 +165,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--bench-only", action="store_true")
+    ap.add_argument("--headdims", default="64,128,256", help="head-dim tiles built (a developer build may have fewer)")
+    ap.add_argument("--dtypes", default="bf16,fp16")
     args = ap.parse_args()
+    headdims = tuple(int(x) for x in args.headdims.split(","))
+    dtypes = tuple({"bf16": torch.bfloat16, "fp16": torch.float16}[x] for x in args.dtypes.split(","))
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     failed = 0
     if not args.bench_only:
-        for name, fn in cases():
+        for name, fn in cases(headdims, dtypes):
             try:
                 fn()
                 print(f"PASS  {name}", flush=True)
@@ -172,7 +183,7 @@ def main():
                 traceback.print_exc()
         print("ALL PASS" if failed == 0 else f"{failed} FAILED", flush=True)
     if not args.no_bench:
-        bench()
+        bench(headdims)
     return 1 if failed else 0
 
 
