@@ -23,7 +23,11 @@ namespace flash {
 
 using namespace cute;
 
-template <typename Traits, bool kFeat = false>
+// kPersistent: a 1-D grid of at most one CTA per SM, each walking the tiles blockIdx.x,
+// + gridDim.x, ... (FLASH_ATTN_FWD_WS_PERSISTENT=1, plain variant only: the feature variants
+// spill with the tile loop, up to 132 B at d256). Otherwise the 3-D grid (m blocks, b, h), one
+// tile per CTA: the loop below runs once and compiles to straight-line code.
+template <typename Traits, bool kFeat = false, bool kPersistent = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_ws_kernel_sm90(const __grid_constant__ FwdWsKernelParams<Traits> kp) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -38,22 +42,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     extern __shared__ __align__(1024) char smem[];
     auto &ss = *reinterpret_cast<typename Traits::SharedStorage *>(smem);
 
-    const int m_block = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
-    const int bidb = blockIdx.y;
-    const int bidh = blockIdx.z;
-    const int bidh_k = bidh / params.h_h_k_ratio;
+    // Tiles (m block, batch, head), linearised with m fastest (the 3-D grid's order).
+    const int num_m_blocks = ceil_div(params.seqlen_q, kBlockM);
+    const int num_tiles = kPersistent ? num_m_blocks * params.b * params.h : 1;
+    const int tile_first = kPersistent ? int(blockIdx.x) : 0;
+    const int tile_stride = kPersistent ? int(gridDim.x) : 1;
     if constexpr (kFeat) { write_rng_state(params); }  // thread 0 of CTA (0, 0, 0), before any exit
-    const BlockInfo binfo(params, bidb);
-    if (m_block * kBlockM >= binfo.seqlen_q) return;  // whole CTA, before any barrier
-    const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
-    int n_block_min, n_block_max;
-    mask.n_block_range(m_block * kBlockM, kBlockM, kBlockN, n_block_min, n_block_max);
-    const bool has_work = n_block_max > n_block_min;
+    // A tile's coordinates and key-block range; `valid` false past a varlen sequence's rows.
+    struct Tile {
+        int m_block, bidb, bidh, n_block_min, n_block_max;
+        bool valid, has_work;
+    };
+    auto make_tile = [&](int t, BlockInfo const &binfo) {
+        Tile tile;
+        // Longest (causal) blocks first.
+        tile.m_block = kPersistent ? num_m_blocks - 1 - t % num_m_blocks : int(gridDim.x - 1 - blockIdx.x);
+        tile.bidb = kPersistent ? (t / num_m_blocks) % params.b : int(blockIdx.y);
+        tile.bidh = kPersistent ? t / (num_m_blocks * params.b) : int(blockIdx.z);
+        tile.valid = tile.m_block * kBlockM < binfo.seqlen_q;
+        const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
+        mask.n_block_range(tile.m_block * kBlockM, kBlockM, kBlockN, tile.n_block_min, tile.n_block_max);
+        tile.has_work = tile.valid && tile.n_block_max > tile.n_block_min;
+        return tile;
+    };
+    auto batch_of = [&](int t) { return kPersistent ? (t / num_m_blocks) % params.b : int(blockIdx.y); };
 
     const int warp_idx = cutlass::canonical_warp_idx_sync();
     const int warp_group_idx = cutlass::canonical_warp_group_idx();
     if (warp_idx == 0 && cute::elect_one_sync()) {
         cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
+        cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Traits::kNConsumerThreads);
     }
     typename Pipeline::Params pipe_params;
     pipe_params.transaction_bytes = Traits::kKVTileBytes;
@@ -65,70 +83,131 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Pipeline pipeline_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on or arrives at them
 
+    // Q / O staging protocol across tiles (persistent kernel): the producer loads a tile's Q only
+    // after the consumers' epilogue of the previous valid tile has read its O from the Q tiles
+    // (barrier_q_empty, one phase per valid tile, all consumer threads arrive); barrier_q also
+    // completes one phase per valid tile (a plain producer arrival for tiles without work, whose
+    // epilogue still stages zeros through the Q tiles), so that neither side gets two phases ahead
+    // and the parity waits stay unambiguous.
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-        if (threadIdx.x == 0 && has_work) {
+        if (threadIdx.x == 0) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-            fwd_ws_load<Traits>(kp, ss, pipeline_k, pipeline_v, binfo, m_block, bidb, bidh, bidh_k, n_block_min,
-                                n_block_max);
+            auto state_k = cutlass::make_producer_start_state<Pipeline>();
+            auto state_v = cutlass::make_producer_start_state<Pipeline>();
+            int valid_tiles = 0;
+            for (int t = tile_first; t < num_tiles; t += tile_stride) {
+                const BlockInfo binfo(params, batch_of(t));
+                const Tile tile = make_tile(t, binfo);
+                if (!tile.valid) continue;
+                // The previous valid tile's epilogue is done with the Q tiles (its O staging).
+                const bool must_wait = kPersistent && valid_tiles > 0;
+                const int q_free_phase = (valid_tiles - 1) & 1;
+                auto wait_q_free = [&]() {
+                    if (must_wait) { cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, q_free_phase); }
+                };
+                ++valid_tiles;
+                if (!tile.has_work) {
+                    // No loads, but barrier_q still completes a phase, so that the consumers (which
+                    // wait on it for every valid tile) never run more than one tile ahead and the
+                    // parity waits on both barriers stay unambiguous.
+                    if constexpr (kPersistent) {
+                        wait_q_free();
+                        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
+                    }
+                    continue;
+                }
+                fwd_ws_load<Traits, kPersistent>(kp, ss, pipeline_k, pipeline_v, binfo, tile.m_block, tile.bidb,
+                                                 tile.bidh, tile.bidh / params.h_h_k_ratio, tile.n_block_min,
+                                                 tile.n_block_max, state_k, state_v, wait_q_free);
+            }
         }
     } else {
         // ---- consumer warpgroups ----
         cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
         const int wg = warp_group_idx - 1;
         const int wg_tidx = threadIdx.x % 128;
-        const int row0 = m_block * kBlockM + wg * kRowsPerWG;
-
-        typename Traits::TiledMmaPV tiled_mma_pv;
-        Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{});
-        constexpr int kNRows = decltype(size<0>(acc_layout_rowcol(acc_o.layout())))::value;
-        OnlineSoftmax<kNRows> softmax;
         Element *smem_o = ss.smem_q.data() + wg * cosize(typename Traits::SmemLayoutQTile{});
+        typename Traits::PipelineState state_k, state_v;  // consumer start: stage 0, phase 0
+        int valid_tiles = 0;  // barrier_q completes one phase per valid tile (persistent kernel)
+        for (int t = tile_first; t < num_tiles; t += tile_stride) {
+            const BlockInfo binfo(params, batch_of(t));
+            const Tile tile = make_tile(t, binfo);
+            if (!tile.valid) continue;
+            const int row0 = tile.m_block * kBlockM + wg * kRowsPerWG;
 
-        if (!has_work) {  // no visible key for the whole CTA: out = 0, lse = +inf
-            clear(acc_o);
-            Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
-            fill(lse, INFINITY);
-            fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, bidb, bidh, row0);
-            return;
-        }
-        if (wg == 0) {  // WG0 takes the first turn on the tensor cores
-            cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
-        }
-        // Varlen K/V: rows past the sequence in its last tile are the next sequence's (see fwd_ws_mma).
-        const int v_rows_valid = binfo.sum_s_k == -1 ? kBlockN : binfo.seqlen_k - (n_block_max - 1) * kBlockN;
-        // Feature variant: shared memory behind SharedStorage holds the dropout flags (kDropoutTiles
-        // only; 8 KB per consumer WG) and then, with kFeatScalarsInSmem, one FwdWsFeatures per
-        // consumer WG.
-        const bool is_dropout = kFeat && Traits::kDropoutTiles && params.p_dropout > 0.f;
-        uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize) + wg * 4 * 128;
-        FwdWsFeatures feat_regs{};
-        FwdWsFeatures *feat_smem = reinterpret_cast<FwdWsFeatures *>(
-                                       smem + Traits::kSmemSize + (Traits::kDropoutTiles ? Traits::kSmemDropoutFlags : 0)) +
-                                   wg;
-        if constexpr (kFeat) {
-            static_assert(sizeof(FwdWsFeatures) <= Traits::kFeatScalarBytes);
-            if (!Traits::kFeatScalarsInSmem || wg_tidx == 0) {
-                feat_regs.score_mod = ScoreMod(params, bidb, bidh, binfo.seqlen_k - binfo.seqlen_q);
-                if (is_dropout) { feat_regs.dropout = Dropout(params, bidb, bidh); }
+            typename Traits::TiledMmaPV tiled_mma_pv;
+            Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{});
+            constexpr int kNRows = decltype(size<0>(acc_layout_rowcol(acc_o.layout())))::value;
+            OnlineSoftmax<kNRows> softmax;
+
+            const int q_phase = kPersistent ? valid_tiles & 1 : 0;
+            ++valid_tiles;
+            if (!tile.has_work) {  // no visible key for the whole tile: out = 0, lse = +inf
+                if constexpr (kPersistent) { cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_phase); }
+                clear(acc_o);
+                Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
+                fill(lse, INFINITY);
+                fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+                if constexpr (kPersistent) {  // our smem accesses before the next Q's TMA writes
+                    cutlass::arch::fence_view_async_shared();
+                    cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+                }
+                continue;
             }
-            if constexpr (Traits::kFeatScalarsInSmem) {
-                if (wg_tidx == 0) { *feat_smem = feat_regs; }
-                cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
+            if (wg == 0) {  // WG0 takes the first turn on the tensor cores
+                cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
+            }
+            const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
+            // Varlen K/V: rows past the sequence in its last tile are the next sequence's (see fwd_ws_mma).
+            const int v_rows_valid =
+                binfo.sum_s_k == -1 ? kBlockN : binfo.seqlen_k - (tile.n_block_max - 1) * kBlockN;
+            // Feature variant: shared memory behind SharedStorage holds the dropout flags
+            // (kDropoutTiles only; 8 KB per consumer WG) and then, with kFeatScalarsInSmem, one
+            // FwdWsFeatures per consumer WG.
+            const bool is_dropout = kFeat && Traits::kDropoutTiles && params.p_dropout > 0.f;
+            uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize) + wg * 4 * 128;
+            FwdWsFeatures feat_regs{};
+            FwdWsFeatures *feat_smem = reinterpret_cast<FwdWsFeatures *>(
+                                           smem + Traits::kSmemSize + (Traits::kDropoutTiles ? Traits::kSmemDropoutFlags : 0)) +
+                                       wg;
+            if constexpr (kFeat) {
+                static_assert(sizeof(FwdWsFeatures) <= Traits::kFeatScalarBytes);
+                if (!Traits::kFeatScalarsInSmem || wg_tidx == 0) {
+                    feat_regs.score_mod = ScoreMod(params, tile.bidb, tile.bidh, binfo.seqlen_k - binfo.seqlen_q);
+                    if (is_dropout) { feat_regs.dropout = Dropout(params, tile.bidb, tile.bidh); }
+                }
+                if constexpr (Traits::kFeatScalarsInSmem) {
+                    if (wg_tidx == 0) { *feat_smem = feat_regs; }
+                    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
+                }
+            }
+            FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
+            fwd_ws_mma<Traits, kFeat>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
+                                      tile.n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags, state_k, state_v,
+                                      q_phase);
+            if (wg == 0) {  // consume the last WG's last turn hand-over
+                cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
+            }
+            // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
+            Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
+            if constexpr (kPersistent) {
+                // The tile's coordinates again from t: fewer registers held across the main loop.
+                const BlockInfo binfo_epi(params, batch_of(t));
+                const Tile tile_epi = make_tile(t, binfo_epi);
+                fwd_ws_store<Traits>(params, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
+                                     tile_epi.m_block * kBlockM + wg * kRowsPerWG);
+            } else {
+                fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+            }
+            if constexpr (kPersistent) {  // our smem accesses before the next Q's TMA writes
+                cutlass::arch::fence_view_async_shared();
+                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
             }
         }
-        FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
-        fwd_ws_mma<Traits, kFeat>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, n_block_min,
-                                  n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags);
-        if (wg == 0) {  // consume the last WG's last turn hand-over
-            cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
-        }
-        // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
-        Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
-        fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, bidb, bidh, row0);
     }
 #endif
 }

@@ -5,6 +5,7 @@
 // run_mha_fwd_ (flash_fwd_launch.h) when params.fwd_ws is set (FLASH_ATTN_FWD_WS=1).
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,7 +46,8 @@ namespace fwd_ws_detail {
 inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
 inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
 
-template <typename Traits, bool kFeat>
+// kMayPersist: also compile the persistent kernel (plain variant, default tiles only).
+template <typename Traits, bool kFeat, bool kMayPersist = !kFeat>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
     FwdWsKernelParams<Traits> kp{};
@@ -70,9 +72,28 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
     constexpr int smem_size = Traits::template kSmemSizeFor<kFeat>;
     static_assert(smem_size <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
-    auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat>;
+    // FLASH_ATTN_FWD_WS_PERSISTENT=1 (read at each call; A/B; plain variant): one CTA per SM walking
+    // the tiles, so that a tile's epilogue and the next tile's first loads overlap (the producer
+    // runs ahead into the next tile's K / V while the consumers store O) and no CTA launch /
+    // prologue per tile.
+    const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
+    const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
+    const char *persistent_env = std::getenv("FLASH_ATTN_FWD_WS_PERSISTENT");
+    const bool persistent =
+        kMayPersist && persistent_env != nullptr && std::strcmp(persistent_env, "1") == 0 && num_tiles < (int64_t(1) << 31);
+    auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false>;
+    if constexpr (kMayPersist) {
+        static_assert(!kFeat);
+        if (persistent) { kernel = &flash_fwd_ws_kernel_sm90<Traits, false, true>; }
+    }
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    const dim3 grid(ceil_div(params.seqlen_q, Traits::kBlockM), params.b, params.h);
+    dim3 grid(num_m_blocks, params.b, params.h);
+    if (persistent) {
+        int device = 0, sms = 0;
+        FLASH_CUDA_CHECK(cudaGetDevice(&device));
+        FLASH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        grid = dim3(static_cast<unsigned>(std::min<int64_t>(num_tiles, sms)), 1, 1);
+    }
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
     FLASH_CHECK_LAUNCH();
 }
@@ -117,8 +138,8 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         const char *env = std::getenv(kHeadDim == 128 ? "FLASH_ATTN_FWD_WS_D128_N" : "FLASH_ATTN_FWD_WS_D256_N");
         const bool alt = env != nullptr && std::strcmp(env, kHeadDim == 128 ? "176" : "80") == 0;
         if (alt && !dropout && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
-            fwd_ws_detail::launch<FwdWsTraitsAltFor<Element, kHeadDim>, kFeat>(params, stream, rows_q, batch_q, rows_k,
-                                                                               batch_k);
+            fwd_ws_detail::launch<FwdWsTraitsAltFor<Element, kHeadDim>, kFeat, false>(params, stream, rows_q, batch_q,
+                                                                                      rows_k, batch_k);
             return true;
         }
     }

@@ -39,11 +39,15 @@ namespace flash {
 using namespace cute;
 
 // ---- producer: one thread ---------------------------------------------------------------------
-template <typename Traits>
+// wait_q_free(): called before the Q load. The persistent kernel waits there until the previous
+// tile's epilogue is done with the Q tiles, and then issues the first K tile before Q
+// (kKFirst) so that its load overlaps that epilogue.
+template <typename Traits, bool kKFirst = false, typename WaitQFree>
 __forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
                                             typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                             BlockInfo const &binfo, int m_block, int bidb, int bidh, int bidh_k,
-                                            int n_block_min, int n_block_max) {
+                                            int n_block_min, int n_block_max, typename Traits::PipelineState &state_k,
+                                            typename Traits::PipelineState &state_v, WaitQFree &&wait_q_free) {
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
@@ -77,16 +81,19 @@ __forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp,
     auto &tVsV = get<1>(tma_v);
 
     using Barrier = cutlass::arch::ClusterTransactionBarrier;
-    Barrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kNConsumerWG * Traits::kQTileBytes);
-    CUTE_UNROLL
-    for (int wg = 0; wg < Traits::kNConsumerWG; ++wg) {
-        copy(kp.tma_q.with(ss.barrier_q, 0, TMA::CacheHintSm90::EVICT_FIRST), tQgQ(_, m_block * Traits::kNConsumerWG + wg),
-             tQsQ(_, wg));
-    }
+    auto load_q = [&]() {
+        wait_q_free();
+        Barrier::arrive_and_expect_tx(&ss.barrier_q, Traits::kNConsumerWG * Traits::kQTileBytes);
+        CUTE_UNROLL
+        for (int wg = 0; wg < Traits::kNConsumerWG; ++wg) {
+            copy(kp.tma_q.with(ss.barrier_q, 0, TMA::CacheHintSm90::EVICT_FIRST),
+                 tQgQ(_, m_block * Traits::kNConsumerWG + wg), tQsQ(_, wg));
+        }
+    };
+    if constexpr (!kKFirst) { load_q(); }
 
-    // K / V are read by every query block of the head: keep them in L2.
-    auto state_k = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-    auto state_v = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    // K / V are read by every query block of the head: keep them in L2. state_k / state_v: the
+    // producer's ring positions, carried from tile to tile by the persistent kernel.
     auto load_k = [&](int n_block) {
         pipeline_k.producer_acquire(state_k);
         copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(state_k), 0, TMA::CacheHintSm90::EVICT_LAST),
@@ -100,6 +107,7 @@ __forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp,
         ++state_v;
     };
     load_k(n_block_max - 1);
+    if constexpr (kKFirst) { load_q(); }
     for (int n_block = n_block_max - 2; n_block >= n_block_min; --n_block) {
         load_k(n_block);
         load_v(n_block + 1);
@@ -158,7 +166,9 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                            Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
                                            int n_block_max, int v_rows_valid, TensorO &acc_o, Softmax &softmax,
-                                           FwdWsFeatures const &feat, uint4 *drop_flags) {
+                                           FwdWsFeatures const &feat, uint4 *drop_flags,
+                                           typename Traits::PipelineState &state_k, typename Traits::PipelineState &state_v,
+                                           int q_phase) {
     using Element = typename Traits::Element;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
@@ -241,12 +251,11 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
     };
 
-    typename Traits::PipelineState state_k, state_v;  // consumer start: stage 0, phase 0
     const int n_blocks = n_block_max - n_block_min;
     int n_block = n_block_max - 1;
 
-    // Q landed (phase 0 of its barrier; it is used once).
-    cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, 0);
+    // Q landed (q_phase: the parity of this CTA's count of tiles with work before this one).
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_phase);
 
     // First tile: S_0 alone.
     Tensor acc_s = new_acc_s();

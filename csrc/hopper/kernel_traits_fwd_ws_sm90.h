@@ -91,6 +91,10 @@ struct FwdWsTraitsSm90 {
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
         alignas(8) uint64_t barrier_q;
+        // Persistent kernel: the consumers' "Q / O staging free" barrier (every consumer thread
+        // arrives after its tile's epilogue has read the O staged in its Q tile); the producer
+        // waits on it before loading the next tile's Q.
+        alignas(8) uint64_t barrier_q_empty;
     };
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
