@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Device-machine validation of the checkout, in two chained calls of under 10 minutes each (the
-# machine idles out in 30 s; PART=B reuses PART=A's build only while it stays warm):
-#   PART=A bash scripts/validate_next.sh   # full build, suite, feature costs
-#   PART=B bash scripts/validate_next.sh   # decode, varlen, llama, grid (without the naive backend),
-#                                          # A/B and diagnostics (FLASH_ATTN_DET_STORE_FIRST=0,
-#                                          # ncu stall sources of the WS forward with dropout)
+# Device-machine validation of the `next` branch (session 7: main + bwd-ws + ws-persistent, both
+# default-off and A/B-able at run time), in chained calls of under 10 minutes each (the machine
+# idles out in 30 s; PART=2 reuses PART=1's build only while it stays warm):
+#   PART=1 bash scripts/validate_next.sh   # full build (ptxas -v), check_fwd_ws_persistent.py,
+#                                          # check_bwd_ws.py (cases + bench)
+#   PART=2 bash scripts/validate_next.sh   # suite with FLASH_ATTN_FWD_WS_PERSISTENT=1 and
+#                                          # FLASH_ATTN_BWD_WS=1 (every plain call on the new paths)
+#   PART=A / PART=B: main's final validation (build + suite + features / decode, varlen, llama,
+#                    grid), as on main.
 # Logs go to $OUT (at most 8 files come back per call). Every step runs under `timeout`, capped by a
 # whole-call deadline (DEADLINE seconds, default 570), so a pipeline hang cannot eat the session.
 set -uo pipefail
@@ -17,16 +20,23 @@ step() { local name=$1 t=$2; shift 2; local left=$(( DEADLINE - ($(date +%s) - T
          local t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?;
          echo "== $name rc=$rc $(( $(date +%s) - t0 )) s"; tail -${TAIL:-4} "$OUT/$name.log"; return $rc; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-case ${PART:-A} in
+case ${PART:-1} in
+  1)
+    step build 400 env FLASH_ATTN_PTXAS_VERBOSE=1 $PY -m pip install --no-build-isolation --no-deps -e . || exit 1
+    grep -E "spill stores" "$OUT/build.log" | grep -v " 0 bytes spill stores" | sort | uniq -c | head -8
+    TAIL=30 step check_persistent 100 $PY scripts/check_fwd_ws_persistent.py
+    TAIL=40 step check_bwd_ws 100 $PY scripts/check_bwd_ws.py ;;
+  2)
+    TAIL=3 step test_new_paths 250 env FLASH_ATTN_FWD_WS_PERSISTENT=1 FLASH_ATTN_BWD_WS=1 $PY -m pytest tests -q -x
+    TAIL=56 step grid_new_paths 170 env FLASH_ATTN_FWD_WS_PERSISTENT=1 FLASH_ATTN_BWD_WS=1 \
+      $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid ;;
   A)
-    step build 400 env FLASH_ATTN_PTXAS_VERBOSE=${PTXAS_VERBOSE:-0} $PY -m pip install --no-build-isolation --no-deps -e . || exit 1
+    step build 400 $PY -m pip install --no-build-isolation --no-deps -e . || exit 1
     TAIL=3 step test 250 $PY -m pytest tests -q -x
     TAIL=32 step features 75 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
   B)
     TAIL=6 step decode 45 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec
     TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
     TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
-    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
-    TAIL=8 step features_dsf0 45 env FLASH_ATTN_DET_STORE_FIRST=0 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/featd
-    TAIL=80 step ncu_source 200 env CASES="128 0.0;128 0.1" bash scripts/ncu_stall_source.sh ;;
+    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
 esac
