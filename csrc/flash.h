@@ -163,6 +163,11 @@ struct BwdParams : FwdParams {
     // set by the binding from FLASH_ATTN_BWD_WS (default off). (Sits in the padding after
     // dq_store_first: no other field moves.)
     bool bwd_ws;
+    // Option of the warp-specialised backward, set by the binding from FLASH_ATTN_BWD_WS_DQ=tma
+    // (default off; only read when bwd_ws is set): dQ leaves each query block through a
+    // shared-memory tile and one bulk reduce-add instead of per-thread fp32 atomics. (In the
+    // padding after bwd_ws: no other field moves.)
+    bool bwd_ws_dq_tma;
     int dq_slice_block_m, dq_slice_block_n;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
