@@ -155,7 +155,9 @@ bool bwd_ws_enabled() {
 // Option of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma writes each query block's fp32 dQ tile to shared
 // memory and adds it into dq_accum with one bulk reduce-add instead of per-thread atomics
-// ('atomic', unset or empty: the default).
+// ('atomic', unset or empty: the default). FLASH_ATTN_BWD_WS_OVERLAP=1 defers each query
+// block's dQ write-out until the next block's S^T / dP^T GEMMs are issued, so that it overlaps
+// them (head-dim tile 64 only; ignored at 128, whose consumers would spill).
 bool bwd_ws_dq_tma_enabled() {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DQ");
     if (env == nullptr || env[0] == '\0') return false;
@@ -163,6 +165,15 @@ bool bwd_ws_dq_tma_enabled() {
     FLASH_CHECK(choice == "atomic" || choice == "tma",
                 "flash_attn: FLASH_ATTN_BWD_WS_DQ must be 'atomic' or 'tma', got '", choice, "'");
     return choice == "tma";
+}
+
+bool bwd_ws_overlap_enabled() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_OVERLAP");
+    if (env == nullptr || env[0] == '\0') return false;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1",
+                "flash_attn: FLASH_ATTN_BWD_WS_OVERLAP must be '0' or '1', got '", choice, "'");
+    return choice == "1";
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
@@ -461,6 +472,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.seqlen_q_rounded = seqlen_q_rounded;
         params.bwd_ws = bwd_ws_enabled();
         params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
+        params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -722,6 +734,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.accum_rows = accum_rows;
         params.bwd_ws = bwd_ws_enabled();
         params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
+        params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);

@@ -25,6 +25,11 @@
 // consumer thread and block become one bulk operation per CTA and block, issued off the
 // consumers' critical path.
 //
+// Option kOverlap (FLASH_ATTN_BWD_WS_OVERLAP=1, d64): block i's dQ write-out (either form) moves
+// into iteration i + 1, right after S^T / dP^T of block i + 1 are issued, so that it runs under
+// those GEMMs instead of between block i's dQ GEMM and block i + 1's start. (Issuing S^T / dP^T
+// of i + 1 before waiting for dQ of i, as FA3 describes it, makes ptxas serialise all wgmmas.)
+//
 // No __syncthreads after the start: the producer's warps retire early. The one cross-warpgroup
 // dependency per query block is the dS exchange (dQ needs both halves of dS); with two dS buffers
 // a single barrier per block is enough: a warpgroup writes buffer (i & 1) in block i only after
@@ -327,6 +332,50 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     cutlass::arch::fence_view_async_shared();
     bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
 
+    // Adds query block dq_block's dQ tile (registers, complete) into dq_accum: fp32 atomics, or
+    // (kDqTma) through a shared buffer and the writer warp's bulk reduce.
+    auto write_out_dq = [&](auto const &dq, int dq_block) {
+        if constexpr (Traits::kDqTma) {
+            // dQ tile -> shared buffer (block parity), for the writer warp's bulk reduce. The
+            // buffer's previous tile (block - 2) must have been read out first.
+            const int block_idx = dq_block - m_block_min;
+            const uint32_t dq_buf = block_idx % Traits::kdQBuffers;
+            if (block_idx >= Traits::kdQBuffers) {
+                cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
+                                                  static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
+            }
+            // Row-major fp32, as dq_accum: each float2 store of a warp covers 8 rows x 32 bytes
+            // at a row pitch of kHeadDim x 4 bytes (a multiple of 128), so its 8 rows hit the
+            // same banks (8-way conflicts); a swizzle would need the TMA tensor form or a
+            // permuted dq_accum (FA3), i.e. another conversion kernel.
+            Tensor sdQ = make_tensor(make_smem_ptr(ss.smem_dq.data()), typename Traits::SmemLayoutdQ{});
+            Tensor tdQsdQ = thr_mma_dq.partition_C(sdQ);  // (MMA, MMA_M, MMA_N, buffer)
+            Tensor tdQsdQ_buf = tdQsdQ(_, _, _, dq_buf);
+            CUTE_UNROLL
+            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                *reinterpret_cast<float2 *>(&tdQsdQ_buf(i)) = make_float2(dq(i), dq(i + 1));
+            }
+            cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
+            cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
+                                                static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+        } else {
+            // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
+            Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(dq_block * kBlockM) * kHeadDim),
+                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+            Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+            CUTE_UNROLL
+            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
+            }
+        }
+    };
+
+    // kOverlap: the dQ tile of block i is written out in iteration i + 1, right after S^T and
+    // dP^T of block i + 1 are issued, so the atomics (or the shared-memory stores) run while the
+    // tensor cores compute them, instead of between the dQ GEMM and the next block's start.
+    // acc_dq then lives across iterations (complete values: no wgmma is in flight across the
+    // loop's back edge, which would make ptxas serialise every wgmma of the kernel).
+    Tensor acc_dq_carried = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     typename Traits::PipelineState state;  // consumer start: stage 0, phase 0
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int row0 = m_block * kBlockM;
@@ -340,6 +389,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        if constexpr (Traits::kOverlap) {
+            if (m_block > m_block_min) { write_out_dq(acc_dq_carried, m_block - 1); }
+        }
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
         warpgroup_wait<1>();
@@ -411,40 +463,18 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         pipeline.consumer_release(state);
         ++state;
 
-        if constexpr (Traits::kDqTma) {
-            // dQ tile -> shared buffer (block parity), for the writer warp's bulk reduce. The
-            // buffer's previous tile (block - 2) must have been read out first.
-            const int block_idx = m_block - m_block_min;
-            const uint32_t dq_buf = block_idx % Traits::kdQBuffers;
-            if (block_idx >= Traits::kdQBuffers) {
-                cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
-                                                  static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
-            }
-            // Row-major fp32, as dq_accum: each float2 store of a warp covers 8 rows x 32 bytes
-            // at a row pitch of kHeadDim x 4 bytes (a multiple of 128), so its 8 rows hit the
-            // same banks (8-way conflicts); a swizzle would need the TMA tensor form or a
-            // permuted dq_accum (FA3), i.e. another conversion kernel.
-            Tensor sdQ = make_tensor(make_smem_ptr(ss.smem_dq.data()), typename Traits::SmemLayoutdQ{});
-            Tensor tdQsdQ = thr_mma_dq.partition_C(sdQ);  // (MMA, MMA_M, MMA_N, buffer)
-            Tensor tdQsdQ_buf = tdQsdQ(_, _, _, dq_buf);
+        if constexpr (Traits::kOverlap) {
+            // This block's tile leaves at the next block's start (or after the loop). Carried
+            // through an add of 0 (not a move, which ptxas would coalesce): registers written by
+            // a wgmma and read in a later iteration make ptxas wait for all wgmmas in flight
+            // there (C7517), i.e. for the S^T / dP^T this option means to overlap.
             CUTE_UNROLL
-            for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
-                *reinterpret_cast<float2 *>(&tdQsdQ_buf(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
-            }
-            cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
-            cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
-                                                static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+            for (int i = 0; i < size(acc_dq); ++i) { acc_dq_carried(i) = __fadd_rn(acc_dq(i), 0.f); }
         } else {
-            // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
-            Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
-                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-            Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
-                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-            }
+            write_out_dq(acc_dq, m_block);
         }
     }
+    if constexpr (Traits::kOverlap) { write_out_dq(acc_dq_carried, m_block_max - 1); }
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
