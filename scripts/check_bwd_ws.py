@@ -6,14 +6,16 @@ sliding window, seqlens 1 .. 4096 with seqlen_q != seqlen_k, GQA / MQA, strided 
 FLASH_ATTN_CUDA_ARCHS.
 
 Each case runs one forward, then the backward once per path from the same graph: FLASH_ATTN_BWD_WS
-unset (the lock-step sm_90a kernel), =1 (the WS draft; the variables are read at each call), and
-=1 with each WS option (OPTIONS below: FLASH_ATTN_BWD_WS_DQ=tma, dQ through shared memory + bulk
-reduce-add). Every gradient must pass the test suite's rule against the fp32 naive reference (max
-error <= 2 x the error of the same naive attention in the input dtype + GRAD_SLACK; NaN / inf
-fail), and each WS path must agree with the lock-step one: dK / dV closely (the same GEMMs in the
-same order per CTA: usually bit-identical), dQ within the rule's bound (fp32 adds in another
-order). The profiler confirms which kernel ran (the WS kernel for served calls, the lock-step one
-for the calls it declines, e.g. deterministic).
+unset (the lock-step sm_90a kernel), =1 (the WS draft; the variables are read at each call), and =1
+with each WS option and their combination (OPTIONS below: FLASH_ATTN_BWD_WS_DQ=tma, dQ through
+shared memory + bulk reduce-add; FLASH_ATTN_BWD_WS_OVERLAP=1, dQ write-out deferred behind the next
+block's S^T / dP^T GEMMs, d64 only: at d128 it runs the kernel without it). Every gradient must
+pass the test suite's rule against the fp32 naive reference (max error <= 2 x the error of the same
+naive attention in the input dtype + GRAD_SLACK; NaN / inf fail), and each WS path must agree with
+the lock-step one: dK / dV closely (the same GEMMs in the same order per CTA: usually
+bit-identical), dQ within the rule's bound (fp32 adds in another order). The profiler confirms
+which kernel ran (the WS kernel for served calls, the lock-step one for the calls it declines, e.g.
+deterministic).
 
 Then times the backwards (lock-step, WS, WS + each option: a column each; bwd only, from a
 retained graph) with triton.testing.do_bench at batch 2 x seqlen 8k (16k tokens), hidden 2048, bf16
@@ -45,6 +47,8 @@ OLD_KERNEL = "flash_bwd_kernel_sm90"
 # Options of the WS backward, each run on top of FLASH_ATTN_BWD_WS=1: tag -> extra env vars.
 OPTIONS = {
     "dq_tma": {"FLASH_ATTN_BWD_WS_DQ": "tma"},
+    "overlap": {"FLASH_ATTN_BWD_WS_OVERLAP": "1"},  # d64 only (ignored at d128)
+    "dq_tma+overlap": {"FLASH_ATTN_BWD_WS_DQ": "tma", "FLASH_ATTN_BWD_WS_OVERLAP": "1"},
 }
 OPTION_ENVS = sorted({k for env in OPTIONS.values() for k in env})
 # The paths each case runs: False = lock-step, True = WS draft, a tag = WS + that option.
@@ -222,7 +226,7 @@ def check_env_values():
     finally:
         os.environ.pop(ENV, None)
     # The options: their default spellings run the WS draft, an unknown value is an error (with WS on).
-    for var, default, bad in (("FLASH_ATTN_BWD_WS_DQ", "atomic", "smem"),):
+    for var, default, bad in (("FLASH_ATTN_BWD_WS_DQ", "atomic", "smem"), ("FLASH_ATTN_BWD_WS_OVERLAP", "0", "2")):
         os.environ[ENV], os.environ[var] = "1", default  # (not through set_ws, which clears the options)
         try:
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
