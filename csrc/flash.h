@@ -163,6 +163,15 @@ struct BwdParams : FwdParams {
     // set by the binding from FLASH_ATTN_BWD_WS (default off). (Sits in the padding after
     // dq_store_first: no other field moves.)
     bool bwd_ws;
+    // Option of the warp-specialised backward, set by the binding from FLASH_ATTN_BWD_WS_DQ=tma
+    // (default off; only read when bwd_ws is set): dQ leaves each query block through a
+    // shared-memory tile and one bulk reduce-add instead of per-thread fp32 atomics. (In the
+    // padding after bwd_ws: no other field moves.)
+    bool bwd_ws_dq_tma;
+    // FLASH_ATTN_BWD_WS_OVERLAP=1: each query block's dQ write-out (atomics or shared-memory
+    // tile) waits until the next block's S^T / dP^T GEMMs are issued, and overlaps them
+    // (head-dim tile 64 only; the d128 WS kernel ignores it). (Also in that padding.)
+    bool bwd_ws_overlap;
     int dq_slice_block_m, dq_slice_block_n;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with

@@ -152,6 +152,30 @@ bool bwd_ws_enabled() {
     return choice == "1";
 }
 
+// Option of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
+// effective with it): FLASH_ATTN_BWD_WS_DQ=tma writes each query block's fp32 dQ tile to shared
+// memory and adds it into dq_accum with one bulk reduce-add instead of per-thread atomics
+// ('atomic', unset or empty: the default). FLASH_ATTN_BWD_WS_OVERLAP=1 defers each query
+// block's dQ write-out until the next block's S^T / dP^T GEMMs are issued, so that it overlaps
+// them (head-dim tile 64 only; ignored at 128, whose consumers would spill).
+bool bwd_ws_dq_tma_enabled() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_DQ");
+    if (env == nullptr || env[0] == '\0') return false;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "atomic" || choice == "tma",
+                "flash_attn: FLASH_ATTN_BWD_WS_DQ must be 'atomic' or 'tma', got '", choice, "'");
+    return choice == "tma";
+}
+
+bool bwd_ws_overlap_enabled() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_OVERLAP");
+    if (env == nullptr || env[0] == '\0') return false;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1",
+                "flash_attn: FLASH_ATTN_BWD_WS_OVERLAP must be '0' or '1', got '", choice, "'");
+    return choice == "1";
+}
+
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
 void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
@@ -447,6 +471,8 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
         params.bwd_ws = bwd_ws_enabled();
+        params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
+        params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -707,6 +733,8 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.seqlen_q_rounded = seqlen_q_rounded;
         params.accum_rows = accum_rows;
         params.bwd_ws = bwd_ws_enabled();
+        params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
+        params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);

@@ -5,17 +5,22 @@ sliding window, seqlens 1 .. 4096 with seqlen_q != seqlen_k, GQA / MQA, strided 
 (with NaN rows past the last sequence). Needs an H200 (sm_90) and a build with sm_90 in
 FLASH_ATTN_CUDA_ARCHS.
 
-Each case runs one forward, then the backward twice from the same graph: FLASH_ATTN_BWD_WS unset
-(the lock-step sm_90a kernel) and =1 (the variable is read at each call). Both gradients must pass
-the test suite's rule against the fp32 naive reference (max error <= 2 x the error of the same
-naive attention in the input dtype + GRAD_SLACK; NaN / inf fail), and the two kernels must agree:
-dK / dV closely (the same GEMMs in the same order per CTA: usually bit-identical), dQ within the
-rule's bound (fp32 atomics in another order). The profiler confirms which kernel ran (the WS kernel
-for served calls, the lock-step one for the calls it declines, e.g. deterministic).
+Each case runs one forward, then the backward once per path from the same graph: FLASH_ATTN_BWD_WS
+unset (the lock-step sm_90a kernel), =1 (the WS draft; the variables are read at each call), and =1
+with each WS option and their combination (OPTIONS below: FLASH_ATTN_BWD_WS_DQ=tma, dQ through
+shared memory + bulk reduce-add; FLASH_ATTN_BWD_WS_OVERLAP=1, dQ write-out deferred behind the next
+block's S^T / dP^T GEMMs, d64 only: at d128 it runs the kernel without it). Every gradient must
+pass the test suite's rule against the fp32 naive reference (max error <= 2 x the error of the same
+naive attention in the input dtype + GRAD_SLACK; NaN / inf fail), and each WS path must agree with
+the lock-step one: dK / dV closely (the same GEMMs in the same order per CTA: usually
+bit-identical), dQ within the rule's bound (fp32 adds in another order). The profiler confirms
+which kernel ran (the WS kernel for served calls, the lock-step one for the calls it declines, e.g.
+deterministic).
 
-Then times both backwards (bwd only, from a retained graph) with triton.testing.do_bench at batch
-2 x seqlen 8k (16k tokens), hidden 2048, bf16 and fp16, d64 / d128, causal on / off: TFLOP/s with
-bwd FLOPs = 2.5 x 4 B H S^2 D, halved for causal; plus cuDNN (torch SDPA) where it runs.
+Then times the backwards (lock-step, WS, WS + each option: a column each; bwd only, from a
+retained graph) with triton.testing.do_bench at batch 2 x seqlen 8k (16k tokens), hidden 2048, bf16
+and fp16, d64 / d128, causal on / off: TFLOP/s with bwd FLOPs = 2.5 x 4 B H S^2 D, halved for
+causal; plus cuDNN (torch SDPA) where it runs.
 
     python scripts/check_bwd_ws.py              # PASS/FAIL per case, bench; exit 1 on any FAIL
     python scripts/check_bwd_ws.py --no-bench
@@ -39,13 +44,31 @@ from flash_attn import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 ENV = "FLASH_ATTN_BWD_WS"
 WS_KERNEL = "flash_bwd_ws_kernel_sm90"
 OLD_KERNEL = "flash_bwd_kernel_sm90"
+# Options of the WS backward, each run on top of FLASH_ATTN_BWD_WS=1: tag -> extra env vars.
+OPTIONS = {
+    "dq_tma": {"FLASH_ATTN_BWD_WS_DQ": "tma"},
+    "overlap": {"FLASH_ATTN_BWD_WS_OVERLAP": "1"},  # d64 only (ignored at d128)
+    "dq_tma+overlap": {"FLASH_ATTN_BWD_WS_DQ": "tma", "FLASH_ATTN_BWD_WS_OVERLAP": "1"},
+}
+OPTION_ENVS = sorted({k for env in OPTIONS.values() for k in env})
+# The paths each case runs: False = lock-step, True = WS draft, a tag = WS + that option.
+PATHS = (False, True) + tuple(OPTIONS)
 
 
-def set_ws(on):
-    if on:
-        os.environ[ENV] = "1"
-    else:
+def path_tag(ws):
+    return "old" if ws is False else "ws" if ws is True else f"ws+{ws}"
+
+
+def set_ws(ws):
+    """ws: False (unset: the default), True (FLASH_ATTN_BWD_WS=1) or an OPTIONS tag."""
+    for k in OPTION_ENVS:
+        os.environ.pop(k, None)
+    if ws is False:
         os.environ.pop(ENV, None)  # the default: unset
+        return
+    os.environ[ENV] = "1"
+    if ws is not True:
+        os.environ.update(OPTIONS[ws])
 
 
 def bwd(out, inputs, dout, ws):
@@ -68,7 +91,7 @@ def cuda_kernel_names(fn):
 
 
 def assert_kernel(out, inputs, dout, ws, expect_ws):
-    """The backward with FLASH_ATTN_BWD_WS=ws ran the WS kernel iff expect_ws (and the lock-step
+    """The backward on path ws (see set_ws) ran the WS kernel iff expect_ws (and the lock-step
     sm_90a kernel otherwise)."""
     names = cuda_kernel_names(lambda: bwd(out, inputs, dout, ws))
     has_ws = any(WS_KERNEL in n for n in names)
@@ -79,18 +102,18 @@ def assert_kernel(out, inputs, dout, ws, expect_ws):
         assert not has_ws, f"expected no WS backward kernel, profiler saw: {[n for n in names if 'bwd' in n]}"
 
 
-def compare_paths(name, old, ws, ref, pt, exact_bound_factor=0.25):
+def compare_paths(name, old, ws, ref, pt, exact_bound_factor=0.25, tag="ws"):
     """old / ws / ref / pt: (dq, dk, dv). Returns a short note (dK / dV bit-identical or not)."""
     notes = []
     for i, g in enumerate(("dq", "dk", "dv")):
         pt_err = U.max_err(pt[i], ref[i])
         diff = U.max_err(ws[i], old[i])
-        if g == "dq":  # atomics in another order
+        if g == "dq":  # fp32 adds in another order
             bound = 2 * pt_err + U.GRAD_SLACK
         else:  # the same GEMMs in the same order: equal or extremely close
             bound = exact_bound_factor * pt_err + 1e-6
             notes.append(f"{g} {'==' if torch.equal(ws[i], old[i]) else f'~{diff:.1e}'}")
-        assert diff <= bound, f"{name}: ws vs old {g} differ by {diff:.3e} > {bound:.3e}"
+        assert diff <= bound, f"{name}: {tag} vs old {g} differ by {diff:.3e} > {bound:.3e}"
     return ", ".join(notes)
 
 
@@ -112,22 +135,26 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), layout="con
     (out_ref, _, *g_ref), (out_pt, *g_pt) = U.ref_fwd_bwd(q, k, v, dout, causal, window_size=window)
     U.assert_close_to_ref("out", out, out_ref, out_pt, U.OUT_SLACK)
     grads = {}
-    for ws in (False, True):
+    for ws in PATHS:
         g = bwd(out, (q, k, v), dout, ws)
-        tag = "ws" if ws else "old"
+        tag = path_tag(ws)
         for i, n in enumerate(("dq", "dk", "dv")):
             U.assert_close_to_ref(f"{n}[{tag}]", g[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
         grads[tag] = g
     if deterministic:
-        # Feature call: the WS kernel declines, both runs are the same (deterministic) kernel.
-        for i, n in enumerate(("dq", "dk", "dv")):
-            assert torch.equal(grads["ws"][i], grads["old"][i]), f"deterministic {n} differs between the two runs"
-        assert_kernel(out, (q, k, v), dout, True, expect_ws=False)
+        # Feature call: the WS kernel declines, every run is the same (deterministic) kernel.
+        for ws in PATHS[1:]:
+            for i, n in enumerate(("dq", "dk", "dv")):
+                assert torch.equal(grads[path_tag(ws)][i], grads["old"][i]), (
+                    f"deterministic {n} differs between old and {path_tag(ws)}")
+            assert_kernel(out, (q, k, v), dout, ws, expect_ws=False)
         return "declined (deterministic), bitwise equal"
-    note = compare_paths("dense", grads["old"], grads["ws"], g_ref, g_pt)
+    notes = [compare_paths("dense", grads["old"], grads[path_tag(ws)], g_ref, g_pt, tag=path_tag(ws))
+             for ws in PATHS[1:]]
     # A silent fallback to the lock-step kernel would make the comparison above meaningless.
-    assert_kernel(out, (q, k, v), dout, True, expect_ws=True)
-    return note
+    for ws in PATHS[1:]:
+        assert_kernel(out, (q, k, v), dout, ws, expect_ws=True)
+    return "; ".join(f"{path_tag(ws)}: {n}" for ws, n in zip(PATHS[1:], notes))
 
 
 def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0, window=(-1, -1)):
@@ -147,7 +174,7 @@ def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0, wind
     dout = make(sum(seqlens_q), h)
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal,
                                  window_size=window)
-    grads = {ws: bwd(out, (q, k, v), dout, ws) for ws in (False, True)}
+    grads = {ws: bwd(out, (q, k, v), dout, ws) for ws in PATHS}
     notes = []
     for i, (sq, sk) in enumerate(zip(seqlens_q, seqlens_k)):
         a, e = int(cu_q[i]), int(cu_k[i])
@@ -156,15 +183,18 @@ def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0, wind
         vi = v.detach()[e:e + sk][None].clone().requires_grad_()
         (_, _, *g_ref), (_, *g_pt) = U.ref_fwd_bwd(qi, ki, vi, dout[a:a + sq][None], causal, window_size=window)
         per = {}
-        for ws in (False, True):
+        for ws in PATHS:
             dq, dk, dv = grads[ws]
             g = (dq[a:a + sq][None], dk[e:e + sk][None], dv[e:e + sk][None])
-            tag = f"seq{i}[{'ws' if ws else 'old'}]"
+            tag = f"seq{i}[{path_tag(ws)}]"
             for j, n in enumerate(("dq", "dk", "dv")):
                 U.assert_close_to_ref(f"{n} {tag}", g[j], g_ref[j], g_pt[j], U.GRAD_SLACK)
             per[ws] = g
-        notes.append(compare_paths(f"seq{i}", per[False], per[True], g_ref, g_pt))
-    assert_kernel(out, (q, k, v), dout, True, expect_ws=True)
+        for ws in PATHS[1:]:
+            notes.append(f"{path_tag(ws)}: " + compare_paths(f"seq{i}", per[False], per[ws], g_ref, g_pt,
+                                                             tag=path_tag(ws)))
+    for ws in PATHS[1:]:
+        assert_kernel(out, (q, k, v), dout, ws, expect_ws=True)
     return "; ".join(sorted(set(notes)))
 
 
@@ -195,7 +225,25 @@ def check_env_values():
         assert ENV in str(e), f"unexpected error for {ENV}=2: {e}"
     finally:
         os.environ.pop(ENV, None)
-    return "unset / '' / '0' -> lock-step, '1' -> WS, '2' -> error"
+    # The options: their default spellings run the WS draft, an unknown value is an error (with WS on).
+    for var, default, bad in (("FLASH_ATTN_BWD_WS_DQ", "atomic", "smem"), ("FLASH_ATTN_BWD_WS_OVERLAP", "0", "2")):
+        os.environ[ENV], os.environ[var] = "1", default  # (not through set_ws, which clears the options)
+        try:
+            names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+        finally:
+            os.environ.pop(ENV, None)
+            os.environ.pop(var, None)
+        assert any(WS_KERNEL in n for n in names), f"{var}={default}: expected the WS kernel, saw {names}"
+        os.environ[ENV], os.environ[var] = "1", bad
+        try:
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            raise AssertionError(f"{var}={bad} was accepted")
+        except (RuntimeError, ValueError) as e:  # FlashAttn errors derive from RuntimeError / ValueError
+            assert var in str(e), f"unexpected error for {var}={bad}: {e}"
+        finally:
+            os.environ.pop(ENV, None)
+            os.environ.pop(var, None)
+    return "unset / '' / '0' -> lock-step, '1' -> WS, '2' -> error; option values checked"
 
 
 def cases():
@@ -254,7 +302,7 @@ def bench():
                 flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
                 out = flash_attn_func(q, k, v, causal=causal)
                 row = {}
-                for ws in (False, True):
+                for ws in PATHS:
                     set_ws(ws)
                     try:
                         ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
@@ -263,9 +311,9 @@ def bench():
                         set_ws(False)
                     row[ws] = flops / ms / 1e9
                 cudnn = bench_cudnn(q, k, v, dout, causal, flops)
+                cols = "   ".join(f"{path_tag(ws)} {row[ws]:6.1f} ({row[ws] / row[False]:.3f}x)" for ws in PATHS[1:])
                 print(f"  {U.DTYPE_NAMES[dtype]} d{d:<3} {'causal' if causal else 'full  '}  "
-                      f"old {row[False]:6.1f}   ws {row[True]:6.1f}   ({row[True] / row[False]:.3f}x)   cuDNN {cudnn}",
-                      flush=True)
+                      f"old {row[False]:6.1f}   {cols}   cuDNN {cudnn}", flush=True)
                 del out
 
 

@@ -15,6 +15,21 @@
 //         dQ = dS K; wait all GEMMs; release stage s (empty[s], 256 arrivals)
 //         fp32 atomics of dQ into dq_accum                                        (as today)
 //
+// Option kDqTma (FLASH_ATTN_BWD_WS_DQ=tma; FA3's dQ path): instead of the atomics, the consumers
+// write the block's 64 x d fp32 dQ tile, row-major as in dq_accum, into shared buffer (block
+// parity; 2 buffers), fence it for the async proxy and arrive on kdQFull[buf]; warp 1 of the
+// producer warpgroup (the dQ writer, otherwise retired) syncs on it, one lane issues a bulk
+// reduce-add (cp.reduce.async.bulk .add.f32) of the whole tile into dq_accum, waits until the
+// tile has been read (bulk async-group, .read) and arrives on kdQEmpty[buf], which the consumers
+// sync on before they refill buf two blocks later. The 16 (d128) / 8 (d64) float2 atomics per
+// consumer thread and block become one bulk operation per CTA and block, issued off the
+// consumers' critical path.
+//
+// Option kOverlap (FLASH_ATTN_BWD_WS_OVERLAP=1, d64): block i's dQ write-out (either form) moves
+// into iteration i + 1, right after S^T / dP^T of block i + 1 are issued, so that it runs under
+// those GEMMs instead of between block i's dQ GEMM and block i + 1's start. (Issuing S^T / dP^T
+// of i + 1 before waiting for dQ of i, as FA3 describes it, makes ptxas serialise all wgmmas.)
+//
 // No __syncthreads after the start: the producer's warps retire early. The one cross-warpgroup
 // dependency per query block is the dS exchange (dQ needs both halves of dS); with two dS buffers
 // a single barrier per block is enough: a warpgroup writes buffer (i & 1) in block i only after
@@ -51,6 +66,20 @@ using namespace cute;
 __forceinline__ __device__ void bwd_ws_consumer_sync(BwdWsBarrier barrier) {
     cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(barrier));
 }
+
+// Element-wise fp32 add of a contiguous shared-memory block into global memory by the TMA unit
+// (one thread issues it; completion through the bulk async-group: tma_store_arrive /
+// tma_store_wait). CuTe 4.2 has the tensor (descriptor) form, SM90_TMA_REDUCE_ADD_*, but not this
+// plain 1-D form, which needs no descriptor and so serves dense and varlen dq_accum alike.
+// Addresses 16-byte aligned, bytes a multiple of 16; each element's add is atomic.
+struct Sm90BulkReduceAddF32 {
+    __forceinline__ __device__ static void copy(float const *smem_ptr, float *gmem_ptr, uint32_t bytes) {
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                     :
+                     : "l"(gmem_ptr), "r"(cute::cast_smem_ptr_to_uint(smem_ptr)), "r"(bytes)
+                     : "memory");
+    }
+};
 
 // store_tile (flash_fwd_kernel.h) with its CTA-wide barrier replaced by the consumers' one.
 template <typename Traits, typename TiledMma, typename TensorAcc, typename SmemLayout>
@@ -139,6 +168,42 @@ __forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp,
     }
     // No producer_tail: without clusters the CTA (and its shared memory) lives until the
     // consumers finish, and every slot issued here is consumed by them.
+}
+
+// ---- dQ writer (kDqTma): warp 1 of the producer warpgroup -------------------------------------
+// Per query block: wait until the consumers have written the block's fp32 dQ tile to buffer
+// (block parity) and fenced it for the async proxy (kdQFull), add the tile into dq_accum with one
+// bulk reduce (lane 0), wait until the TMA unit has read it, and hand the buffer back (kdQEmpty)
+// when a later block will refill it. Ordering between CTAs is free: the WS path never serves the
+// deterministic mode.
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typename Traits::SharedStorage &ss,
+                                                BlockInfo const &binfo, int bidb, int bidh, int m_block_min,
+                                                int m_block_max) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    // dq_accum rows are padded to a multiple of 128 (dense) or by 128 per sequence (varlen) and
+    // hold kHeadDim floats each: every 64-row tile is in bounds and one contiguous block.
+    float *dq_accum_ptr = params.dq_accum_ptr + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
+    const bool leader = cute::elect_one_sync();
+#pragma unroll 1  // one iteration per query block is plenty for a warp that mostly waits
+    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+        const uint32_t buf = (m_block - m_block_min) % Traits::kdQBuffers;
+        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + buf);
+        if (leader) {
+            Sm90BulkReduceAddF32::copy(ss.smem_dq.data() + buf * (kBlockM * kHeadDim),
+                                       dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim, Traits::kdQTileBytes);
+            cute::tma_store_arrive();
+            cute::tma_store_wait<0>();  // the buffer has been read (the adds may still be in flight)
+        }
+        __syncwarp();
+        // Only the blocks whose buffer is refilled get an arrival: every arrival is matched by the
+        // consumers' sync, and no barrier is left half-arrived at exit.
+        if (m_block + Traits::kdQBuffers < m_block_max) {
+            cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
+                                                static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + buf);
+        }
+    }
 }
 
 // ---- consumers: both warpgroups, tidx = thread index among the 256 consumer threads -------------
@@ -267,6 +332,50 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     cutlass::arch::fence_view_async_shared();
     bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
 
+    // Adds query block dq_block's dQ tile (registers, complete) into dq_accum: fp32 atomics, or
+    // (kDqTma) through a shared buffer and the writer warp's bulk reduce.
+    auto write_out_dq = [&](auto const &dq, int dq_block) {
+        if constexpr (Traits::kDqTma) {
+            // dQ tile -> shared buffer (block parity), for the writer warp's bulk reduce. The
+            // buffer's previous tile (block - 2) must have been read out first.
+            const int block_idx = dq_block - m_block_min;
+            const uint32_t dq_buf = block_idx % Traits::kdQBuffers;
+            if (block_idx >= Traits::kdQBuffers) {
+                cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
+                                                  static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
+            }
+            // Row-major fp32, as dq_accum: each float2 store of a warp covers 8 rows x 32 bytes
+            // at a row pitch of kHeadDim x 4 bytes (a multiple of 128), so its 8 rows hit the
+            // same banks (8-way conflicts); a swizzle would need the TMA tensor form or a
+            // permuted dq_accum (FA3), i.e. another conversion kernel.
+            Tensor sdQ = make_tensor(make_smem_ptr(ss.smem_dq.data()), typename Traits::SmemLayoutdQ{});
+            Tensor tdQsdQ = thr_mma_dq.partition_C(sdQ);  // (MMA, MMA_M, MMA_N, buffer)
+            Tensor tdQsdQ_buf = tdQsdQ(_, _, _, dq_buf);
+            CUTE_UNROLL
+            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                *reinterpret_cast<float2 *>(&tdQsdQ_buf(i)) = make_float2(dq(i), dq(i + 1));
+            }
+            cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
+            cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
+                                                static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+        } else {
+            // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
+            Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(dq_block * kBlockM) * kHeadDim),
+                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+            Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+            CUTE_UNROLL
+            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
+            }
+        }
+    };
+
+    // kOverlap: the dQ tile of block i is written out in iteration i + 1, right after S^T and
+    // dP^T of block i + 1 are issued, so the atomics (or the shared-memory stores) run while the
+    // tensor cores compute them, instead of between the dQ GEMM and the next block's start.
+    // acc_dq then lives across iterations (complete values: no wgmma is in flight across the
+    // loop's back edge, which would make ptxas serialise every wgmma of the kernel).
+    Tensor acc_dq_carried = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     typename Traits::PipelineState state;  // consumer start: stage 0, phase 0
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int row0 = m_block * kBlockM;
@@ -280,6 +389,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        if constexpr (Traits::kOverlap) {
+            if (m_block > m_block_min) { write_out_dq(acc_dq_carried, m_block - 1); }
+        }
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
         warpgroup_wait<1>();
@@ -351,15 +463,18 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         pipeline.consumer_release(state);
         ++state;
 
-        // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
-        Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
-                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-        Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
-            atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+        if constexpr (Traits::kOverlap) {
+            // This block's tile leaves at the next block's start (or after the loop). Carried
+            // through an add of 0 (not a move, which ptxas would coalesce): registers written by
+            // a wgmma and read in a later iteration make ptxas wait for all wgmmas in flight
+            // there (C7517), i.e. for the S^T / dP^T this option means to overlap.
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_dq); ++i) { acc_dq_carried(i) = __fadd_rn(acc_dq(i), 0.f); }
+        } else {
+            write_out_dq(acc_dq, m_block);
         }
     }
+    if constexpr (Traits::kOverlap) { write_out_dq(acc_dq_carried, m_block_max - 1); }
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
@@ -402,7 +517,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-        if (threadIdx.x == 0 && m_block_max > m_block_min) {
+        if constexpr (Traits::kDqTma) {
+            // Warp 1 is the dQ writer. Branching on the warp index first keeps the loader in a
+            // warp-uniform region: there ptxas keeps its addresses in uniform registers, while
+            // a loader branched into from divergent lanes spills at 24 registers.
+            const int warp_idx = cutlass::canonical_warp_idx_sync();
+            if (warp_idx == 0) {
+                if (threadIdx.x == 0 && m_block_max > m_block_min) {
+                    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+                    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+                    cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
+                    cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
+                    bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
+                }
+            } else if (warp_idx == 1 && m_block_max > m_block_min) {
+                bwd_ws_write_dq<Traits>(params, ss, binfo, bidb, bidh, m_block_min, m_block_max);
+            }
+        } else if (threadIdx.x == 0 && m_block_max > m_block_min) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());

@@ -22,8 +22,14 @@ namespace flash {
 //   d64:  3 stages: Q + dO 3 x 16 KB + K + V 32 KB + dS 2 x 16 KB         = 112 KB
 //   d128: 2 stages: Q + dO 2 x 32 KB + K + V 64 KB + dS 2 x 16 KB         = 160 KB
 // (d128 with 3 stages would take 192 KB; FA3 keeps 2 there.)
-template <typename Element, int kHeadDim>
-using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element>;
+// kDqTma (FLASH_ATTN_BWD_WS_DQ=tma) adds two fp32 dQ tiles: d64 + 2 x 16 KB = 146 KB, d128 +
+// 2 x 32 KB = 226 KB (of 227).
+// kOverlap (FLASH_ATTN_BWD_WS_OVERLAP=1) carries the dQ tile (d/4 fp32 registers per thread)
+// over the next block's S^T / dP^T issue, next to dK, dV, S^T and dP^T: the d64 consumers peak
+// at 180 of their 240 registers; d128 (234 without it) spills 20-28 bytes, so it is built for
+// d64 only.
+template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false>
+using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap>;
 
 namespace bwd_ws_detail {
 
@@ -81,7 +87,6 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
-    using Traits = BwdWsTraitsFor<Element, kHeadDim>;
     if (has_features(params) || params.seqused_k != nullptr || params.leftpad_k != nullptr ||
         params.kv_batch_idx != nullptr || params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0 ||
         params.dq_accum_splits > 1) {
@@ -111,7 +116,26 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     const int64_t dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows
                                         : int64_t(params.b) * params.h * params.seqlen_q_rounded;
     if (lse_elems >= (int64_t(1) << 31) || dsum_elems >= (int64_t(1) << 31)) return false;
-    bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    // Each option is its own kernel; the default (no option) is the draft's kernel unchanged.
+    if constexpr (kHeadDim == 64) {
+        if (params.bwd_ws_overlap) {
+            if (params.bwd_ws_dq_tma) {
+                bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/true>>(
+                    params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+            } else {
+                bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/false, /*kOverlap=*/true>>(
+                    params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+            }
+            return true;
+        }
+    }
+    if (params.bwd_ws_dq_tma) {
+        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q, batch_q,
+                                                                                 lse_elems, dsum_elems);
+    } else {
+        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim>>(params, stream, rows_q, batch_q, lse_elems,
+                                                                 dsum_elems);
+    }
     return true;
 }
 

@@ -10,6 +10,8 @@
 //                   [64 w, 64 w + 64)), registers raised to kConsumerRegs.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
@@ -29,9 +31,16 @@ using namespace cute;
 enum class BwdWsBarrier : uint32_t {
     kConsumers = 0,  // K / V landed; dK / dV staging (epilogue)
     kdS = 1,         // both warpgroups' dS^T of this query block are in shared memory
+    // dQ through shared memory (kDqTma): over the 256 consumer threads + the dQ writer warp.
+    kdQFull0 = 2,   // dQ buffer 0 (1: kdQFull0 + 1) written by the consumers, the writer may read it
+    kdQEmpty0 = 4,  // the writer's bulk reduce has finished reading dQ buffer 0 (1: kdQEmpty0 + 1)
 };
 
-template <int kHeadDim_, int kStages_, typename Element_>
+// kDqTma: dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued
+// by warp 1 of the producer warpgroup, instead of per-thread fp32 atomics. kOverlap: each query
+// block's dQ write-out is deferred until the next block's S^T / dP^T GEMMs are issued, so that
+// it overlaps them.
+template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false>
 struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
     // copy atoms (GmemTiledCopyLoad for K / V, the store_tile atoms), all indexed by the consumer
@@ -43,6 +52,8 @@ struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
     using Base::kHeadDim;
     static_assert(Base::kNWarpgroups == 2);
     static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
+    static constexpr bool kDqTma = kDqTma_;
+    static constexpr bool kOverlap = kOverlap_;
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
@@ -88,7 +99,16 @@ struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using PipelineState = typename Pipeline::PipelineState;
 
-    struct SharedStorage {
+    // dQ tiles of kDqTma: (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
+    // they are added to (one contiguous 1-D bulk reduce per tile). Double-buffered: the consumers
+    // fill one while the writer's reduce still reads the other.
+    static constexpr int kdQBuffers = 2;
+    using SmemLayoutdQ = Layout<Shape<Int<kBlockM>, Int<kHeadDim>, Int<kdQBuffers>>,
+                                Stride<Int<kHeadDim>, _1, Int<kBlockM * kHeadDim>>>;
+    static constexpr uint32_t kdQTileBytes = kBlockM * kHeadDim * sizeof(float);
+    static constexpr int kNdQSyncThreads = kNConsumerThreads + 32;  // consumers + the writer warp
+
+    struct SharedStoragePlain {
         // Q, dO, K and V first and contiguous: the dK / dV staging of the epilogue reuses them.
         cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_q;
         cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_do;
@@ -99,6 +119,10 @@ struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
         cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_dsum;
         typename Pipeline::SharedStorage pipeline;
     };
+    struct SharedStorageDqTma : SharedStoragePlain {
+        cute::array_aligned<float, cosize_v<SmemLayoutdQ>, 128> smem_dq;  // bulk copies: 16-byte aligned
+    };
+    using SharedStorage = std::conditional_t<kDqTma, SharedStorageDqTma, SharedStoragePlain>;
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
     static_assert(2 * cosize(typename Base::SmemLayoutdKV{}) <=
