@@ -80,47 +80,31 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
                       binfo.q_offset(params.dq_batch_stride, params.dq_row_stride, bidb) +
                       bidh * params.dq_head_stride + int64_t(row) * params.dq_row_stride;
     const int splits = params.dq_accum_splits > 1 ? params.dq_accum_splits : 1;
+    // Bit s: slice s holds this row (splits <= 8; the deterministic sm_90a backward sums its
+    // slices in order). With params.dq_store_first the slices are not zeroed and slice s holds a
+    // row only if key block s's first write (a store) covered it.
+    uint32_t holds = 0xffu;
     if (params.dq_store_first) {
-        // Slice s holds this row only if key block s's first write (a store) covered it; the
-        // other slices' elements in this row were never written (dq_accum is not zeroed).
         const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
         const int bm = params.dq_slice_block_m, bn = params.dq_slice_block_n;
         const int n_blocks = ceil_div(binfo.seqlen_k, bn);
-        uint32_t holds = 0;  // bit s: slice s holds this row (splits <= 8)
+        holds = 0;
         for (int s = 0; s < splits && s < n_blocks; ++s) {
             int m_min, m_max;
             mask.m_block_range(s * bn, bn, bm, m_min, m_max);
             if (row >= m_min * bm && row < m_max * bm) holds |= 1u << s;
         }
-        for (int c = lane * 8; c < params.d; c += 32 * 8) {
-            float vals[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            for (int s = 0; s < splits; ++s) {  // in slice order, as below
-                if (!(holds >> s & 1u)) continue;
-                const float *slice = acc_row + int64_t(s) * params.dq_accum_split_stride;
-                const float4 a = *reinterpret_cast<const float4 *>(slice + c);
-                const float4 b = *reinterpret_cast<const float4 *>(slice + c + 4);
-                vals[0] += a.x, vals[1] += a.y, vals[2] += a.z, vals[3] += a.w;
-                vals[4] += b.x, vals[5] += b.y, vals[6] += b.z, vals[7] += b.w;
-            }
-            uint4 packed;
-            Element *out = reinterpret_cast<Element *>(&packed);
-            CUTE_UNROLL
-            for (int i = 0; i < 8; ++i) { out[i] = Element(vals[i] * params.scale_softmax); }
-            *reinterpret_cast<uint4 *>(dq_row + c) = packed;
-        }
-        return;
     }
     for (int c = lane * 8; c < params.d; c += 32 * 8) {
-        float4 lo = *reinterpret_cast<const float4 *>(acc_row + c);
-        float4 hi = *reinterpret_cast<const float4 *>(acc_row + c + 4);
-        for (int s = 1; s < splits; ++s) {  // deterministic sm_90a backward: slices in order
+        float vals[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int s = 0; s < splits; ++s) {
+            if (!(holds >> s & 1u)) continue;
             const float *slice = acc_row + int64_t(s) * params.dq_accum_split_stride;
             const float4 a = *reinterpret_cast<const float4 *>(slice + c);
             const float4 b = *reinterpret_cast<const float4 *>(slice + c + 4);
-            lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
-            hi.x += b.x, hi.y += b.y, hi.z += b.z, hi.w += b.w;
+            vals[0] += a.x, vals[1] += a.y, vals[2] += a.z, vals[3] += a.w;
+            vals[4] += b.x, vals[5] += b.y, vals[6] += b.z, vals[7] += b.w;
         }
-        const float vals[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         uint4 packed;
         Element *out = reinterpret_cast<Element *>(&packed);
         CUTE_UNROLL
