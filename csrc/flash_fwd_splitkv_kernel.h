@@ -79,7 +79,11 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
 #endif
 }
 
-template <typename Traits, bool kMod = false>
+// kSkipRescale (A/B, FLASH_ATTN_DECODE_SKIP_RESCALE=1): skip O *= exp(m_old - m_new) when no row of
+// the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
+// taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
+// so the results are bitwise those of the default.
+template <typename Traits, bool kMod = false, bool kSkipRescale = false>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
@@ -269,7 +273,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
         splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
                                              needs_row_mask, params);
-        softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
+        if constexpr (kSkipRescale) {
+            const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, params.scale_softmax_log2);
+            bool moved = false;
+            CUTE_UNROLL
+            for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
+            if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+        } else {
+            softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
+        }
 
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));

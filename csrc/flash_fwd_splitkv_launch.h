@@ -1,6 +1,9 @@
 // Launch of the split-KV forward and its combine step; the split-count heuristic.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include <cuda_runtime.h>
 
 #include "flash.h"
@@ -51,6 +54,12 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
     const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
     auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
+    if constexpr (Traits::kNWarps == 8) {
+        // FLASH_ATTN_DECODE_SKIP_RESCALE=1 (read at each call; A/B): the wide shape's plain kernel
+        // without the O rescale of tiles that keep every running max.
+        const char *env = std::getenv("FLASH_ATTN_DECODE_SKIP_RESCALE");
+        if (!mod && env != nullptr && std::strcmp(env, "1") == 0) { kernel = &flash_fwd_splitkv_kernel<Traits, false, true>; }
+    }
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     }

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""A/B (one process, interleaved rounds) of FLASH_ATTN_DECODE_SKIP_RESCALE=1 on the contiguous d128
+decode shapes of issue 4, next to SDPA cuDNN: bf16, 32 query / 8 KV heads, 1 query token; batch 16
+at 4k and 32k keys, batch 4 at 128k. Checks first that both modes give bitwise equal out / LSE.
+GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
+
+    python scripts/decode_skip_rescale_ab.py [--rounds 3]
+"""
+import argparse
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+from flash_attn import flash_attn_with_kvcache
+
+H, HK, D = 32, 8, 128
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__)
+    for b, s in ((16, 4096), (16, 32768), (4, 131072)):
+        torch.manual_seed(b + s)
+        q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
+        outs = {}
+        for mode in ("0", "1"):
+            os.environ["FLASH_ATTN_DECODE_SKIP_RESCALE"] = mode
+            outs[mode] = flash_attn_with_kvcache(q, k, v, return_softmax_lse=True)
+        same = torch.equal(outs["0"][0], outs["1"][0]) and torch.equal(outs["0"][1], outs["1"][1])
+        qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+
+        def ours(mode):
+            def f():
+                os.environ["FLASH_ATTN_DECODE_SKIP_RESCALE"] = mode
+                flash_attn_with_kvcache(q, k, v)
+            return f
+
+        fns = {"default": ours("0"), "skip": ours("1"), "cudnn": cudnn}
+        times = {n: [] for n in fns}
+        for _ in range(args.rounds):
+            for n, f in fns.items():
+                try:
+                    times[n].append(do_bench(f, warmup=25, rep=200))
+                except Exception as e:  # noqa: BLE001
+                    print("  %s failed: %s" % (n, str(e).splitlines()[0]))
+        gb = 2 * k.numel() * k.element_size() / 1e9
+        cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in times.items() if t]
+        print("b=%-3d s=%-7d bitwise equal: %s   GB/s: %s" % (b, s, same, "  ".join(cells)), flush=True)
+    os.environ.pop("FLASH_ATTN_DECODE_SKIP_RESCALE", None)
+
+
+if __name__ == "__main__":
+    main()
