@@ -109,6 +109,14 @@ struct FwdParams : QKVParams {
     // Split-KV at d = 128: the 8-warp, one-CTA-per-SM shape (SplitKVWideTraits); set by the
     // binding when the device has kSplitKVWideSmemBytes of shared memory per block.
     bool splitkv_wide;
+    // Wide shape (A/B switches set by the binding, FLASH_ATTN_DECODE_SKIP_RESCALE /
+    // FLASH_ATTN_DECODE_L2_PREFETCH): skip the O rescale of tiles that keep every running max
+    // (bitwise-equal results); K/V cp.async with the .L2::256B prefetch-size hint.
+    bool decode_skip_rescale;
+    bool decode_l2_prefetch;
+    // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
+    // binding from FLASH_ATTN_FWD_WS_PERSISTENT).
+    bool fwd_ws_persistent;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

@@ -140,17 +140,26 @@ bool fwd_ws_enabled() {
     return choice == "1";
 }
 
-// FLASH_ATTN_BWD_WS=1, read at each call so that one process can time both: the plain sm_90a
-// backward calls (head-dim tiles 64 and 128, no softcap / ALiBi / dropout / deterministic) run the
-// warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp, two consumer
-// warpgroups) instead of the lock-step one. Default off (unset, empty or 0).
-bool bwd_ws_enabled() {
-    const char *env = std::getenv("FLASH_ATTN_BWD_WS");
-    if (env == nullptr || env[0] == '\0') return false;
+// A '0' / '1' switch read from the environment at each call (so that one process can time both
+// settings); unset or empty gives the default.
+bool env_switch(const char *name, bool default_value) {
+    const char *env = std::getenv(name);
+    if (env == nullptr || env[0] == '\0') return default_value;
     const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1", "flash_attn: FLASH_ATTN_BWD_WS must be '0' or '1', got '", choice, "'");
+    FLASH_CHECK(choice == "0" || choice == "1", "flash_attn: ", name, " must be '0' or '1', got '", choice, "'");
     return choice == "1";
 }
+
+// FLASH_ATTN_BWD_WS (default 1): the plain sm_90a backward calls (head-dim tiles 64 and 128, no
+// softcap / ALiBi / dropout / deterministic) run the warp-specialised kernel
+// (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp, two consumer warpgroups); 0 runs the
+// lock-step one.
+bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
+
+// FLASH_ATTN_FWD_WS_PERSISTENT (default 1): the plain warp-specialised forward runs as one CTA per
+// SM walking the tiles (the next tile's loads overlap this tile's epilogue; no CTA launch per
+// tile); 0 launches one CTA per tile.
+bool fwd_ws_persistent_enabled() { return env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", true); }
 
 // Option of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma writes each query block's fp32 dQ tile to shared
@@ -408,6 +417,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     params.fwd_ws = fwd_ws_enabled();
+    params.fwd_ws_persistent = fwd_ws_persistent_enabled();
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -657,6 +667,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     } else {
         params.total_k = static_cast<int>(k.size(0));
         params.fwd_ws = fwd_ws_enabled();
+        params.fwd_ws_persistent = fwd_ws_persistent_enabled();
         found = flash::run_mha_fwd(params, stream);
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
@@ -937,6 +948,8 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_sm90 = use_sm90_decode(params, paged);
         params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
+        params.decode_skip_rescale = env_switch("FLASH_ATTN_DECODE_SKIP_RESCALE", true);
+        params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {

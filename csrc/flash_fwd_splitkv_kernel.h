@@ -71,11 +71,18 @@ template <typename Element>
 using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true>;
 static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideSmemBytes);
 
+// kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
+// segment around the 16 bytes; a K/V row of d = 128 is one such segment).
+template <bool kL2Prefetch = false>
 __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const int src_size = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+    if constexpr (kL2Prefetch) {
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+    } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+    }
 #endif
 }
 
@@ -83,7 +90,8 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
 // the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
 // so the results are bitwise those of the default.
-template <typename Traits, bool kMod = false, bool kSkipRescale = false>
+// kL2Prefetch (A/B, FLASH_ATTN_DECODE_L2_PREFETCH=1): K/V loads with the L2 256-byte prefetch hint.
+template <typename Traits, bool kMod = false, bool kSkipRescale = false, bool kL2Prefetch = false>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
@@ -193,8 +201,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                 k_off = k_dense + index_t(key) * params.k_row_stride;
                 v_off = v_dense + index_t(key) * params.v_row_stride;
             }
-            cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
-            cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
+            cp_async_16_zfill<kL2Prefetch>(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
+            cp_async_16_zfill<kL2Prefetch>(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
         }
         if (paged_chunks) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
     };

@@ -1,9 +1,6 @@
 // Launch of the split-KV forward and its combine step; the split-count heuristic.
 #pragma once
 
-#include <cstdlib>
-#include <cstring>
-
 #include <cuda_runtime.h>
 
 #include "flash.h"
@@ -55,10 +52,15 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
     auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
     if constexpr (Traits::kNWarps == 8) {
-        // FLASH_ATTN_DECODE_SKIP_RESCALE=1 (read at each call; A/B): the wide shape's plain kernel
-        // without the O rescale of tiles that keep every running max.
-        const char *env = std::getenv("FLASH_ATTN_DECODE_SKIP_RESCALE");
-        if (!mod && env != nullptr && std::strcmp(env, "1") == 0) { kernel = &flash_fwd_splitkv_kernel<Traits, false, true>; }
+        // The wide shape's plain kernel: the binding's A/B switches (params.decode_skip_rescale,
+        // default on; params.decode_l2_prefetch, default off).
+        if (!mod) {
+            const bool skip = params.decode_skip_rescale, pf = params.decode_l2_prefetch;
+            kernel = skip ? (pf ? &flash_fwd_splitkv_kernel<Traits, false, true, true>
+                                : &flash_fwd_splitkv_kernel<Traits, false, true, false>)
+                          : (pf ? &flash_fwd_splitkv_kernel<Traits, false, false, true>
+                                : &flash_fwd_splitkv_kernel<Traits, false, false, false>);
+        }
     }
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));

@@ -72,15 +72,13 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
     constexpr int smem_size = Traits::template kSmemSizeFor<kFeat>;
     static_assert(smem_size <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
-    // FLASH_ATTN_FWD_WS_PERSISTENT=1 (read at each call; A/B; plain variant): one CTA per SM walking
-    // the tiles, so that a tile's epilogue and the next tile's first loads overlap (the producer
-    // runs ahead into the next tile's K / V while the consumers store O) and no CTA launch /
-    // prologue per tile.
+    // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, default on; plain
+    // variant): one CTA per SM walking the tiles, so that a tile's epilogue and the next tile's
+    // first loads overlap (the producer runs ahead into the next tile's K / V while the consumers
+    // store O) and no CTA launch / prologue per tile.
     const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
     const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
-    const char *persistent_env = std::getenv("FLASH_ATTN_FWD_WS_PERSISTENT");
-    const bool persistent =
-        kMayPersist && persistent_env != nullptr && std::strcmp(persistent_env, "1") == 0 && num_tiles < (int64_t(1) << 31);
+    const bool persistent = kMayPersist && params.fwd_ws_persistent && num_tiles < (int64_t(1) << 31);
     auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false>;
     if constexpr (kMayPersist) {
         static_assert(!kFeat);
