@@ -31,10 +31,7 @@ ENV = "FLASH_ATTN_FWD_WS_PERSISTENT"
 
 
 def set_persistent(on):
-    if on:
-        os.environ[ENV] = "1"
-    else:
-        os.environ.pop(ENV, None)
+    os.environ[ENV] = "1" if on else "0"  # (unset = on, the default)
 
 
 def both(call):

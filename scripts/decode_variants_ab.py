@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A/B (one process, interleaved rounds) of FLASH_ATTN_DECODE_SKIP_RESCALE=1 on the contiguous d128
-decode shapes of issue 4, next to SDPA cuDNN: bf16, 32 query / 8 KV heads, 1 query token; batch 16
-at 4k and 32k keys, batch 4 at 128k. Checks first that both modes give bitwise equal out / LSE.
-GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
+"""A/B (one process, interleaved rounds) of the wide split-KV kernel's switches on the contiguous
+d128 decode shapes of issue 4, next to SDPA cuDNN: bf16, 32 query / 8 KV heads, 1 query token;
+batch 16 at 4k and 32k keys, batch 4 at 128k. Variants: FLASH_ATTN_DECODE_SKIP_RESCALE (0 / 1)
+x FLASH_ATTN_DECODE_L2_PREFETCH (0 / 1). Checks first that every variant gives bitwise the same
+out / LSE. GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-    python scripts/decode_skip_rescale_ab.py [--rounds 3]
+    python scripts/decode_variants_ab.py [--rounds 5]
 """
 import argparse
 import os
@@ -18,11 +19,19 @@ from triton.testing import do_bench
 from flash_attn import flash_attn_with_kvcache
 
 H, HK, D = 32, 8, 128
+VARS = ("FLASH_ATTN_DECODE_SKIP_RESCALE", "FLASH_ATTN_DECODE_L2_PREFETCH")
+MODES = (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1"))
+MODE_NAMES = {("0", "0"): "plain", ("1", "0"): "skip", ("0", "1"): "pf", ("1", "1"): "skip+pf"}
+
+
+def set_mode(mode):
+    for var, value in zip(VARS, mode):
+        os.environ[var] = value
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     for b, s in ((16, 4096), (16, 32768), (4, 131072)):
@@ -31,10 +40,11 @@ def main():
         k = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
         outs = {}
-        for mode in ("0", "1"):
-            os.environ["FLASH_ATTN_DECODE_SKIP_RESCALE"] = mode
+        for mode in MODES:
+            set_mode(mode)
             outs[mode] = flash_attn_with_kvcache(q, k, v, return_softmax_lse=True)
-        same = torch.equal(outs["0"][0], outs["1"][0]) and torch.equal(outs["0"][1], outs["1"][1])
+        ref = outs[MODES[0]]
+        same = all(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]) for o in outs.values())
         qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
         def cudnn():
@@ -43,11 +53,12 @@ def main():
 
         def ours(mode):
             def f():
-                os.environ["FLASH_ATTN_DECODE_SKIP_RESCALE"] = mode
+                set_mode(mode)
                 flash_attn_with_kvcache(q, k, v)
             return f
 
-        fns = {"default": ours("0"), "skip": ours("1"), "cudnn": cudnn}
+        fns = {MODE_NAMES[m]: ours(m) for m in MODES}
+        fns["cudnn"] = cudnn
         times = {n: [] for n in fns}
         for _ in range(args.rounds):
             for n, f in fns.items():
@@ -58,7 +69,8 @@ def main():
         gb = 2 * k.numel() * k.element_size() / 1e9
         cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in times.items() if t]
         print("b=%-3d s=%-7d bitwise equal: %s   GB/s: %s" % (b, s, same, "  ".join(cells)), flush=True)
-    os.environ.pop("FLASH_ATTN_DECODE_SKIP_RESCALE", None)
+    for var in VARS:
+        os.environ.pop(var, None)
 
 
 if __name__ == "__main__":
