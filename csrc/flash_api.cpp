@@ -156,10 +156,15 @@ bool env_switch(const char *name, bool default_value) {
 // lock-step one.
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
-// FLASH_ATTN_FWD_WS_PERSISTENT (default 1): the plain warp-specialised forward runs as one CTA per
-// SM walking the tiles (the next tile's loads overlap this tile's epilogue; no CTA launch per
-// tile); 0 launches one CTA per tile.
-bool fwd_ws_persistent_enabled() { return env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", true); }
+// FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
+// walking the tiles. Disabled: on the H200 (session 7) it hangs as soon as a CTA gets a second tile
+// (it passes while every CTA has one); the kernel stays for the fix (docs/perf-notes.md).
+bool fwd_ws_persistent_enabled() {
+    FLASH_CHECK(!env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false),
+                "flash_attn: FLASH_ATTN_FWD_WS_PERSISTENT=1 is disabled (the persistent forward hangs when a CTA "
+                "walks more than one tile); unset it or set it to 0");
+    return false;
+}
 
 // Option of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma writes each query block's fp32 dQ tile to shared
