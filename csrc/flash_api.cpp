@@ -150,11 +150,12 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_BWD_WS (default 1): the plain sm_90a backward calls (head-dim tiles 64 and 128, no
-// softcap / ALiBi / dropout / deterministic) run the warp-specialised kernel
-// (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp, two consumer warpgroups); 0 runs the
-// lock-step one.
-bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
+// FLASH_ATTN_BWD_WS=1: the plain sm_90a backward calls (head-dim tiles 64 and 128, no softcap /
+// ALiBi / dropout / deterministic) run the warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h:
+// TMA producer warp, two consumer warpgroups) instead of the lock-step one. Default off: on the
+// H200 (session 7) it is 5-10% faster at 8k (d128 with FLASH_ATTN_BWD_WS_DQ=tma: 13-18%) but
+// raises an illegal instruction on small problems (d64 1 x 1; scripts/probe_bwd_ws.py).
+bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", false); }
 
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
 // walking the tiles. Disabled: on the H200 (session 7) it hangs as soon as a CTA gets a second tile
