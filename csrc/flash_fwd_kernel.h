@@ -18,11 +18,18 @@ namespace flash {
 
 using namespace cute;
 
+// The barrier store_tile puts between its shared-memory writes and reads: the whole CTA.
+struct CtaSync {
+    __forceinline__ __device__ void operator()() const { __syncthreads(); }
+};
+
 // Writes an (rows, d) output tile through shared memory so the global stores are 16-byte wide.
-template <typename Traits, typename TiledMma, typename TensorAcc, typename SmemLayout>
+// sync: a barrier over the threads taking part (the warp-specialised kernels pass their consumer
+// warpgroups' named barrier).
+template <typename Traits, typename TiledMma, typename TensorAcc, typename SmemLayout, typename Sync = CtaSync>
 __forceinline__ __device__ void store_tile(TensorAcc const &acc, char *smem, SmemLayout smem_layout,
                                            typename Traits::Element *gmem_ptr, int64_t row_stride, int max_rows,
-                                           int max_cols, int tidx) {
+                                           int max_cols, int tidx, Sync sync = {}) {
     using Element = typename Traits::Element;
     constexpr int kRows = decltype(size<0>(smem_layout))::value;
     constexpr int kCols = decltype(size<1>(smem_layout))::value;
@@ -31,7 +38,7 @@ __forceinline__ __device__ void store_tile(TensorAcc const &acc, char *smem, Sme
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, TiledMma{});
     auto thr_smem_copy = smem_copy.get_thread_slice(tidx);
     cute::copy(smem_copy, thr_smem_copy.retile_S(r), thr_smem_copy.partition_D(s));
-    __syncthreads();
+    sync();
 
     Tensor g = make_tensor(make_gmem_ptr(gmem_ptr), Shape<Int<kRows>, Int<kCols>>{}, make_stride(row_stride, _1{}));
     typename Traits::GmemTiledCopyStore gmem_copy;

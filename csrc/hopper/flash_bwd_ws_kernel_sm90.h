@@ -53,7 +53,7 @@
 
 #include "../block_info.h"
 #include "../flash.h"
-#include "../flash_bwd_kernel.h"  // accum_row0
+#include "../flash_bwd_kernel.h"  // accum_row0, store_tile (via flash_fwd_kernel.h)
 #include "../mask.h"
 #include "../utils.h"
 #include "flash_fwd_kernel_sm90.h"  // wgmma
@@ -81,32 +81,10 @@ struct Sm90BulkReduceAddF32 {
     }
 };
 
-// store_tile (flash_fwd_kernel.h) with its CTA-wide barrier replaced by the consumers' one.
-template <typename Traits, typename TiledMma, typename TensorAcc, typename SmemLayout>
-__forceinline__ __device__ void bwd_ws_store_tile(TensorAcc const &acc, char *smem, SmemLayout smem_layout,
-                                                  typename Traits::Element *gmem_ptr, int64_t row_stride, int max_rows,
-                                                  int max_cols, int tidx) {
-    using Element = typename Traits::Element;
-    constexpr int kRows = decltype(size<0>(smem_layout))::value;
-    constexpr int kCols = decltype(size<1>(smem_layout))::value;
-    Tensor r = convert_type<Element>(acc);
-    Tensor s = make_tensor(make_smem_ptr(reinterpret_cast<Element *>(smem)), smem_layout);
-    auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, TiledMma{});
-    auto thr_smem_copy = smem_copy.get_thread_slice(tidx);
-    cute::copy(smem_copy, thr_smem_copy.retile_S(r), thr_smem_copy.partition_D(s));
-    bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
-
-    Tensor g = make_tensor(make_gmem_ptr(gmem_ptr), Shape<Int<kRows>, Int<kCols>>{}, make_stride(row_stride, _1{}));
-    typename Traits::GmemTiledCopyStore gmem_copy;
-    auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
-    Tensor tS = thr_gmem_copy.partition_S(s);
-    Tensor tG = thr_gmem_copy.partition_D(g);
-    Tensor tR = make_tensor<Element>(shape(tG));
-    cute::copy(gmem_copy, tS, tR);
-    Tensor tC = thr_gmem_copy.partition_D(make_identity_tensor(Shape<Int<kRows>, Int<kCols>>{}));
-    Tensor pred = make_col_predicate(tC, max_cols);
-    copy_tile</*kClearOOB=*/false>(gmem_copy, tR, tG, tC, pred, max_rows);
-}
+// store_tile's barrier for the consumer warpgroups (the producer warps never reach it).
+struct BwdWsConsumerSync {
+    __forceinline__ __device__ void operator()() const { bwd_ws_consumer_sync(BwdWsBarrier::kConsumers); }
+};
 
 // ---- producer: one thread ---------------------------------------------------------------------
 template <typename Traits>
@@ -244,11 +222,12 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                           binfo.k_offset(params.dv_batch_stride, params.dv_row_stride, bidb) +
                           bidh * params.dv_head_stride + index_t(col0) * params.dv_row_stride;
         constexpr int kdKVBytes = cosize(typename Traits::SmemLayoutdKV{}) * sizeof(Element);
-        bwd_ws_store_tile<Traits, typename Traits::TiledMmadKV>(acc_dk, smem, typename Traits::SmemLayoutdKV{}, dk_ptr,
-                                                                params.dk_row_stride, keys_left, params.d, tidx);
-        bwd_ws_store_tile<Traits, typename Traits::TiledMmadKV>(acc_dv, smem + kdKVBytes,
-                                                                typename Traits::SmemLayoutdKV{}, dv_ptr,
-                                                                params.dv_row_stride, keys_left, params.d, tidx);
+        store_tile<Traits, typename Traits::TiledMmadKV>(acc_dk, smem, typename Traits::SmemLayoutdKV{}, dk_ptr,
+                                                         params.dk_row_stride, keys_left, params.d, tidx,
+                                                         BwdWsConsumerSync{});
+        store_tile<Traits, typename Traits::TiledMmadKV>(acc_dv, smem + kdKVBytes, typename Traits::SmemLayoutdKV{},
+                                                         dv_ptr, params.dv_row_stride, keys_left, params.d, tidx,
+                                                         BwdWsConsumerSync{});
     };
     if (m_block_max <= m_block_min) {  // no query sees these keys: dK = dV = 0
         store_dk_dv();
