@@ -172,8 +172,7 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), layout="con
 def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0, window=(-1, -1)):
     """nan_tail: rows of NaN after the last sequence of q / k / v / dout (must not leak)."""
     torch.manual_seed(sum(seqlens_q) + 3 * sum(seqlens_k) + d)
-    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), device="cuda", dtype=torch.int32)
+    cu_q, cu_k = U.cu_seqlens(seqlens_q), U.cu_seqlens(seqlens_k)
 
     def make(rows, heads):
         t = torch.randn(rows + nan_tail, heads, d, device="cuda", dtype=dtype)

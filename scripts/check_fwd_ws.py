@@ -78,8 +78,7 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), layout="con
 def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0):
     """nan_tail: rows of NaN after the last sequence of q / k / v (must not leak into out / lse)."""
     torch.manual_seed(sum(seqlens_q) + 3 * sum(seqlens_k) + d)
-    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), device="cuda", dtype=torch.int32)
+    cu_q, cu_k = U.cu_seqlens(seqlens_q), U.cu_seqlens(seqlens_k)
 
     def make(rows, heads):
         t = torch.randn(rows + nan_tail, heads, d, device="cuda", dtype=dtype)
@@ -213,8 +212,7 @@ def check_dropout_mask(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), p=0.
 def check_feat_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, alibi=None, p=0.0):
     torch.manual_seed(sum(seqlens_q) + 3 * sum(seqlens_k) + d + int(p * 100))
     nb = len(seqlens_q)
-    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), device="cuda", dtype=torch.int32)
+    cu_q, cu_k = U.cu_seqlens(seqlens_q), U.cu_seqlens(seqlens_k)
     q = torch.randn(sum(seqlens_q), h, d, device="cuda", dtype=dtype)
     k = torch.randn(sum(seqlens_k), hk, d, device="cuda", dtype=dtype)
     v = torch.randn(sum(seqlens_k), hk, d, device="cuda", dtype=dtype)

@@ -75,8 +75,7 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1)):
 
 def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal):
     torch.manual_seed(sum(seqlens_q) + 3 * sum(seqlens_k) + d)
-    cu_q = torch.tensor([0] + list(torch.tensor(seqlens_q).cumsum(0)), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(torch.tensor(seqlens_k).cumsum(0)), device="cuda", dtype=torch.int32)
+    cu_q, cu_k = U.cu_seqlens(seqlens_q), U.cu_seqlens(seqlens_k)
     q = torch.randn(sum(seqlens_q), h, d, device="cuda", dtype=dtype)
     k = torch.randn(sum(seqlens_k), hk, d, device="cuda", dtype=dtype)
     v = torch.randn(sum(seqlens_k), hk, d, device="cuda", dtype=dtype)

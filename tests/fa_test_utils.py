@@ -302,6 +302,11 @@ def require_config(dtype, headdim):
     return ext
 
 
+def cu_seqlens(lengths, device="cuda"):
+    """int32 (len(lengths) + 1,) prefix sums [0, l0, l0 + l1, ...], as the varlen API wants them."""
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device=device, dtype=torch.int32)
+
+
 def randn(*shape, dtype, device="cuda", requires_grad=False):
     return torch.randn(*shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
