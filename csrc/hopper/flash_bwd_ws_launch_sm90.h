@@ -61,9 +61,9 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
                               gmem(params.do_ptr, params.do_row_stride, params.do_head_stride, params.do_batch_stride),
                               typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
     kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_lse_ptr, kp.shape_lse),
-                               typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kBlockM>>{}, _1{});
+                               typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
     kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_d_ptr, kp.shape_dsum),
-                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kBlockM>>{}, _1{});
+                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
 
     launch_bwd_passes<Element>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
