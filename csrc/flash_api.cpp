@@ -153,8 +153,9 @@ bool env_switch(const char *name, bool default_value) {
 // FLASH_ATTN_BWD_WS=1: the plain sm_90a backward calls (head-dim tiles 64 and 128, no softcap /
 // ALiBi / dropout / deterministic) run the warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h:
 // TMA producer warp, two consumer warpgroups) instead of the lock-step one. Default off: on the
-// H200 (session 7) it is 5-10% faster at 8k (d128 with FLASH_ATTN_BWD_WS_DQ=tma: 13-18%) but
-// raises an illegal instruction on small problems (d64 1 x 1; scripts/probe_bwd_ws.py).
+// H200 (session 7) it is 5-10% faster at 8k (d128 with FLASH_ATTN_BWD_WS_DQ=tma: 13-18%), but its
+// LSE loads were misaligned whenever seqlen_q % 4 != 0 (illegal instruction; scripts/probe_bwd_ws.py):
+// such calls (and varlen) now fall back to the lock-step kernel; the real fix is not GPU-run yet.
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", false); }
 
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM

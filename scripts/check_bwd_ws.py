@@ -51,6 +51,18 @@ OPTIONS = {
     "dq_tma+overlap": {"FLASH_ATTN_BWD_WS_DQ": "tma", "FLASH_ATTN_BWD_WS_OVERLAP": "1"},
 }
 OPTION_ENVS = sorted({k for env in OPTIONS.values() for k in env})
+# The launcher's fallback while the LSE boxes are not aligned in the kernel (csrc/hopper/
+# flash_bwd_ws_launch_sm90.h): dense calls with seqlen_q % 4 != 0 and varlen calls run the lock-step
+# kernel. False once the aligned-box fix (branch bwd-ws-align) is in.
+LSE_ALIGN_GUARD = True
+
+
+def ws_serves(sq=None, varlen=False):
+    if not LSE_ALIGN_GUARD:
+        return True
+    return not varlen and sq % 4 == 0
+
+
 # The paths each case runs: False = lock-step, True = WS draft, a tag = WS + that option.
 PATHS = (False, True) + tuple(OPTIONS)
 
@@ -153,7 +165,7 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), layout="con
              for ws in PATHS[1:]]
     # A silent fallback to the lock-step kernel would make the comparison above meaningless.
     for ws in PATHS[1:]:
-        assert_kernel(out, (q, k, v), dout, ws, expect_ws=True)
+        assert_kernel(out, (q, k, v), dout, ws, expect_ws=ws_serves(sq))
     return "; ".join(f"{path_tag(ws)}: {n}" for ws, n in zip(PATHS[1:], notes))
 
 
@@ -194,7 +206,7 @@ def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0, wind
             notes.append(f"{path_tag(ws)}: " + compare_paths(f"seq{i}", per[False], per[ws], g_ref, g_pt,
                                                              tag=path_tag(ws)))
     for ws in PATHS[1:]:
-        assert_kernel(out, (q, k, v), dout, ws, expect_ws=True)
+        assert_kernel(out, (q, k, v), dout, ws, expect_ws=ws_serves(varlen=True))
     return "; ".join(sorted(set(notes)))
 
 
