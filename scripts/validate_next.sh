@@ -2,9 +2,9 @@
 # Device-machine validation in chained calls of under 10 minutes each (the machine idles out in
 # 30 s; a call that finds no importable build rebuilds first, so a cold machine costs a build, not
 # a failure):
-#   PART=1 bash scripts/validate_next.sh   # full build (ptxas -v); decode variants A/B; WS backward
-#                                          # bench (lock-step vs WS options vs cuDNN); persistent
-#                                          # forward check + bench
+#   PART=1 bash scripts/validate_next.sh   # full build (ptxas -v); WS backward shape probe
+#                                          # (probe_bwd_ws.py) and bench (lock-step vs WS options vs
+#                                          # cuDNN); decode variants A/B
 #   PART=2 bash scripts/validate_next.sh   # WS backward bench; the suite; features; decode
 #   PART=3 bash scripts/validate_next.sh   # grid (ours, flash, cuDNN, efficient); varlen; llama;
 #                                          # check_bwd_ws.py cases
@@ -29,9 +29,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 case ${PART:-1} in
   1)
     build
-    TAIL=8 step decode_ab 60 $PY scripts/decode_variants_ab.py --rounds 5
-    TAIL=12 step bwd_ws_bench 150 $PY scripts/check_bwd_ws.py --bench-only
-    TAIL=40 step check_persistent 200 $PY scripts/check_fwd_ws_persistent.py ;;
+    TAIL=40 step probe_bwd_ws 200 $PY scripts/probe_bwd_ws.py
+    TAIL=12 step bwd_ws_bench 130 $PY scripts/check_bwd_ws.py --bench-only
+    TAIL=8 step decode_ab 60 $PY scripts/decode_variants_ab.py --rounds 5 ;;
   2)
     built || build
     # The WS backward (default on) first: if its bench fails (or hangs), the suite runs the
