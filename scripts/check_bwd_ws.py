@@ -54,7 +54,7 @@ OPTION_ENVS = sorted({k for env in OPTIONS.values() for k in env})
 # The launcher's fallback while the LSE boxes are not aligned in the kernel (csrc/hopper/
 # flash_bwd_ws_launch_sm90.h): dense calls with seqlen_q % 4 != 0 and varlen calls run the lock-step
 # kernel. False once the aligned-box fix (branch bwd-ws-align) is in.
-LSE_ALIGN_GUARD = True
+LSE_ALIGN_GUARD = False
 
 
 def ws_serves(sq=None, varlen=False):

@@ -86,6 +86,16 @@ struct BwdWsConsumerSync {
     __forceinline__ __device__ void operator()() const { bwd_ws_consumer_sync(BwdWsBarrier::kConsumers); }
 };
 
+// Element offsets of a (batch, head)'s row 0 in the LSE / softmax_d buffers (< 2^31: the launcher
+// checks the buffer sizes). Dense LSE (b, h, seqlen_q), varlen (h, total_q).
+__forceinline__ __device__ int bwd_ws_lse_row0(BwdParams const &params, BlockInfo const &binfo, int bidb, int bidh) {
+    return static_cast<int>((binfo.sum_s_q != -1 ? int64_t(binfo.sum_s_q) : int64_t(bidb) * params.lse_batch_stride) +
+                            int64_t(bidh) * params.lse_head_stride);
+}
+__forceinline__ __device__ int bwd_ws_dsum_row0(BwdParams const &params, BlockInfo const &binfo, int bidb, int bidh) {
+    return static_cast<int>(accum_row0(params, binfo, bidb, bidh));
+}
+
 // ---- producer: one thread ---------------------------------------------------------------------
 template <typename Traits>
 __forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
@@ -108,30 +118,25 @@ __forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp,
                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (M, d, m)
     Tensor gdO = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mdO),
                             Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-    // Element offsets of this (batch, head)'s row 0 in the LSE / softmax_d buffers (< 2^31: the
-    // launcher checks the buffer sizes).
-    const int lse_row0 = static_cast<int>((varlen_q ? int64_t(binfo.sum_s_q) : int64_t(bidb) * params.lse_batch_stride) +
-                                          int64_t(bidh) * params.lse_head_stride);
-    const int dsum_row0 = static_cast<int>(accum_row0(params, binfo, bidb, bidh));
+    // The LSE / softmax_d boxes start 16-byte aligned, up to kRowShiftMax - 1 elements before the
+    // row (see the traits); the consumers skip that shift.
+    const int lse_row0 = bwd_ws_lse_row0(params, binfo, bidb, bidh);
+    const int dsum_row0 = bwd_ws_dsum_row0(params, binfo, bidb, bidh);
     Tensor mLSE = kp.tma_lse.get_tma_tensor(kp.shape_lse);
     Tensor mdsum = kp.tma_dsum.get_tma_tensor(kp.shape_dsum);
-    Tensor gLSE = local_tile(domain_offset(make_coord(lse_row0), mLSE), Shape<Int<kBlockM>>{}, make_coord(_));  // (M, m)
-    Tensor gdsum = local_tile(domain_offset(make_coord(dsum_row0), mdsum), Shape<Int<kBlockM>>{}, make_coord(_));
+    constexpr int kAlign = Traits::kRowShiftMax;
+    auto row_box = [&](auto const &m_row, int row0, int m_block) {  // (kRowBox, 1) from row0 + 64 m_block, aligned
+        return local_tile(domain_offset(make_coord(row0 / kAlign * kAlign + m_block * kBlockM), m_row),
+                          Shape<Int<Traits::kRowBox>>{}, make_coord(_));
+    };
 
     // (TMA, block) views of global and (TMA, stage) views of shared memory.
     auto tma_q = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     auto tma_do = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-    auto tma_lse = tma_partition(kp.tma_lse, Int<0>{}, Layout<_1>{}, group_modes<0, 1>(sLSE), group_modes<0, 1>(gLSE));
-    auto tma_dsum =
-        tma_partition(kp.tma_dsum, Int<0>{}, Layout<_1>{}, group_modes<0, 1>(sdsum), group_modes<0, 1>(gdsum));
     auto &tQgQ = get<0>(tma_q);
     auto &tQsQ = get<1>(tma_q);
     auto &tdOgdO = get<0>(tma_do);
     auto &tdOsdO = get<1>(tma_do);
-    auto &tLgL = get<0>(tma_lse);
-    auto &tLsL = get<1>(tma_lse);
-    auto &tDgD = get<0>(tma_dsum);
-    auto &tDsD = get<1>(tma_dsum);
 
     auto state = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
@@ -140,8 +145,15 @@ __forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp,
         const int s = state.index();
         copy(kp.tma_q.with(full), tQgQ(_, m_block), tQsQ(_, s));
         copy(kp.tma_do.with(full), tdOgdO(_, m_block), tdOsdO(_, s));
-        copy(kp.tma_lse.with(full), tLgL(_, m_block), tLsL(_, s));
-        copy(kp.tma_dsum.with(full), tDgD(_, m_block), tDsD(_, s));
+        {
+            Tensor gLSE = row_box(mLSE, lse_row0, m_block);
+            Tensor gdsum = row_box(mdsum, dsum_row0, m_block);
+            auto tma_lse = tma_partition(kp.tma_lse, Int<0>{}, Layout<_1>{}, group_modes<0, 1>(sLSE), group_modes<0, 1>(gLSE));
+            auto tma_dsum = tma_partition(kp.tma_dsum, Int<0>{}, Layout<_1>{}, group_modes<0, 1>(sdsum),
+                                          group_modes<0, 1>(gdsum));
+            copy(kp.tma_lse.with(full), get<0>(tma_lse)(_, 0), get<1>(tma_lse)(_, s));
+            copy(kp.tma_dsum.with(full), get<0>(tma_dsum)(_, 0), get<1>(tma_dsum)(_, s));
+        }
         ++state;
     }
     // No producer_tail: without clusters the CTA (and its shared memory) lives until the
@@ -245,6 +257,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
     const float *smem_lse = ss.smem_lse.data();
     const float *smem_dsum = ss.smem_dsum.data();
+    // Where this (batch, head)'s rows start in each stage's box (the box starts 16-byte aligned).
+    const int lse_shift = bwd_ws_lse_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
+    const int dsum_shift = bwd_ws_dsum_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
 
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
     float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
@@ -376,8 +391,8 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         warpgroup_wait<1>();
         warpgroup_fence_operand(acc_s);
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
-        const float *lse_stage = smem_lse + stage * kBlockM;
-        const float *dsum_stage = smem_dsum + stage * kBlockM;
+        const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
+        const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
         // The tile's rows past the sequence (see the header) are masked too.
         if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL

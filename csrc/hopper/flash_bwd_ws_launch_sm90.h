@@ -61,9 +61,9 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
                               gmem(params.do_ptr, params.do_row_stride, params.do_head_stride, params.do_batch_stride),
                               typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
     kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_lse_ptr, kp.shape_lse),
-                               typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kBlockM>>{}, _1{});
+                               typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
     kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_d_ptr, kp.shape_dsum),
-                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kBlockM>>{}, _1{});
+                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
 
     launch_bwd_passes<Element>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
@@ -93,11 +93,6 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
         return false;
     }
     const bool varlen_q = params.cu_seqlens_q != nullptr;
-    // A tiled TMA box must start at a 16-byte aligned address, and the LSE rows start at
-    // b h seqlen_q + h seqlen_q (dense) or cu_seqlens_q[b] (varlen, also softmax_d's rows): on
-    // the H200 a misaligned start is an illegal instruction (session 7). Until the boxes are
-    // aligned in the kernel (branch bwd-ws-align), serve only dense calls with aligned LSE rows.
-    if (varlen_q || params.lse_batch_stride % 4 != 0 || params.lse_head_stride % 4 != 0) return false;
     const int rows_q = varlen_q ? params.total_q : params.seqlen_q;
     const int batch_q = varlen_q ? 1 : params.b;
     if (rows_q <= 0) return false;

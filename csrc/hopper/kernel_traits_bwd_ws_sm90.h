@@ -74,9 +74,17 @@ struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
                                                 Shape<Int<kBlockM>, Int<kBlockN>, Int<kdSBuffers>>{}));
     using SmemLayoutdSt = decltype(composition(
         SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kdSBuffers>>{}, Step<_2, _1, _3>{})));
-    // LSE / softmax_d rows: (kBlockM, stage) fp32, one 1-D TMA box per stage.
-    using SmemLayoutRowTile = Layout<Shape<Int<kBlockM>>>;
-    using SmemLayoutRow = Layout<Shape<Int<kBlockM>, Int<kStages>>>;
+    // LSE / softmax_d rows: one 1-D TMA box per stage. A tiled TMA load must start at a 16-byte
+    // aligned global address (the H200 raises an illegal instruction otherwise: seqlen_q % 4 != 0,
+    // docs/results/s7/probe_bwd_ws.log), and a (batch, head) row starts at any element offset
+    // (LSE: b h seqlen_q + h seqlen_q; varlen softmax_d: cu_seqlens_q[b] + 128 b). So the box
+    // starts at the row's offset rounded down to 4 elements and is kRowShiftMax longer; the
+    // consumers read it from the shift (offset % 4) on. Stages 128-byte aligned for the TMA.
+    static constexpr int kRowShiftMax = 4;
+    static constexpr int kRowBox = kBlockM + kRowShiftMax;        // 68 floats: 272 bytes
+    static constexpr int kRowStageStride = (kRowBox + 31) / 32 * 32;  // 96 floats: 384 bytes
+    using SmemLayoutRowTile = Layout<Shape<Int<kRowBox>>>;
+    using SmemLayoutRow = Layout<Shape<Int<kRowBox>, Int<kStages>>, Stride<_1, Int<kRowStageStride>>>;
 
     // Global tensors as the TMA sees them. Q / dO: (rows, d, heads, batch), d contiguous; dense:
     // rows = seqlen_q, batch = b; varlen: rows = total_q, batch = 1 (as the forward). LSE /
@@ -91,10 +99,10 @@ struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
                                                Stride<_1>{}));
     using TmaQdO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQdOTile{},
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-    using TmaRow = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorRow{}, SmemLayoutRowTile{}, Shape<Int<kBlockM>>{},
+    using TmaRow = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorRow{}, SmemLayoutRowTile{}, Shape<Int<kRowBox>>{},
                                           _1{}));
     // Bytes landing per stage; a TMA box counts in full, zero-filled parts included.
-    static constexpr uint32_t kStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
+    static constexpr uint32_t kStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kRowBox * sizeof(float);
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using PipelineState = typename Pipeline::PipelineState;
