@@ -150,13 +150,14 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_BWD_WS=1: the plain sm_90a backward calls (head-dim tiles 64 and 128, no softcap /
-// ALiBi / dropout / deterministic) run the warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h:
-// TMA producer warp, two consumer warpgroups) instead of the lock-step one. Default off: on the
-// H200 (session 7) it is 5-10% faster at 8k (d128 with FLASH_ATTN_BWD_WS_DQ=tma: 13-18%), but its
-// LSE loads were misaligned whenever seqlen_q % 4 != 0 (illegal instruction; scripts/probe_bwd_ws.py):
-// such calls (and varlen) now fall back to the lock-step kernel; the real fix is not GPU-run yet.
-bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", false); }
+// The plain sm_90a backward calls (head-dim tiles 64 and 128, no softcap / ALiBi / dropout /
+// deterministic) run the warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp,
+// two consumer warpgroups) instead of the lock-step one; FLASH_ATTN_BWD_WS=0 selects the lock-step
+// kernel (read at each call, for A/B timing). Default on since session 8: on the H200 it is
+// 8-10% faster at d64 and 12-17% at d128 (with the dQ bulk reduce-add below) at 8k
+// (docs/results/s8/bwd_ws_bench.log), and since its LSE / softmax_d boxes start 16-byte aligned it
+// serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
+bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
 // walking the tiles. Disabled: on the H200 (session 7) it hangs as soon as a CTA gets a second tile
@@ -168,15 +169,16 @@ bool fwd_ws_persistent_enabled() {
     return false;
 }
 
-// Option of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
-// effective with it): FLASH_ATTN_BWD_WS_DQ=tma writes each query block's fp32 dQ tile to shared
-// memory and adds it into dq_accum with one bulk reduce-add instead of per-thread atomics
-// ('atomic', unset or empty: the default). FLASH_ATTN_BWD_WS_OVERLAP=1 defers each query
-// block's dQ write-out until the next block's S^T / dP^T GEMMs are issued, so that it overlaps
-// them (head-dim tile 64 only; ignored at 128, whose consumers would spill).
+// Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
+// effective with it): FLASH_ATTN_BWD_WS_DQ=tma (the default since session 8) writes each query
+// block's fp32 dQ tile to shared memory and adds it into dq_accum with one bulk reduce-add;
+// 'atomic' uses per-thread atomics instead (1-4% slower at d64, 5-8% at d128 on the H200).
+// FLASH_ATTN_BWD_WS_OVERLAP=1 defers each query block's dQ write-out until the next block's
+// S^T / dP^T GEMMs are issued, so that it overlaps them (head-dim tile 64 only; ignored at 128,
+// whose consumers would spill; not faster at 8k, so off).
 bool bwd_ws_dq_tma_enabled() {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DQ");
-    if (env == nullptr || env[0] == '\0') return false;
+    if (env == nullptr || env[0] == '\0') return true;
     const std::string choice(env);
     FLASH_CHECK(choice == "atomic" || choice == "tma",
                 "flash_attn: FLASH_ATTN_BWD_WS_DQ must be 'atomic' or 'tma', got '", choice, "'");

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""GPU self-check of the warp-specialised sm_90a backward (FLASH_ATTN_BWD_WS=1,
-csrc/hopper/flash_bwd_ws_*): head dims 64 / 128 (and d < tile), fp16 / bf16, causal on / off,
-sliding window, seqlens 1 .. 4096 with seqlen_q != seqlen_k, GQA / MQA, strided q / k / v, varlen
-(with NaN rows past the last sequence). Needs an H200 (sm_90) and a build with sm_90 in
+"""GPU self-check of the warp-specialised sm_90a backward (csrc/hopper/flash_bwd_ws_*; the
+default for plain calls since session 8, FLASH_ATTN_BWD_WS=0 selects the lock-step kernel): head
+dims 64 / 128 (and d < tile), fp16 / bf16, causal on / off, sliding window, seqlens 1 .. 4096
+with seqlen_q != seqlen_k, GQA / MQA, strided q / k / v, varlen (with NaN rows past the last
+sequence). Needs an H200 (sm_90) and a build with sm_90 in
 FLASH_ATTN_CUDA_ARCHS.
 
-Each case runs one forward, then the backward once per path from the same graph: FLASH_ATTN_BWD_WS
-unset (the lock-step sm_90a kernel), =1 (the WS draft; the variables are read at each call), and =1
-with each WS option and their combination (OPTIONS below: FLASH_ATTN_BWD_WS_DQ=tma, dQ through
+Each case runs one forward, then the backward once per path from the same graph: FLASH_ATTN_BWD_WS=0
+(the lock-step sm_90a kernel), =1 with FLASH_ATTN_BWD_WS_DQ=atomic (the WS draft; the variables
+are read at each call), and =1 with each WS option and their combination (OPTIONS below:
+FLASH_ATTN_BWD_WS_DQ=tma (the default), dQ through
 shared memory + bulk reduce-add; FLASH_ATTN_BWD_WS_OVERLAP=1, dQ write-out deferred behind the next
 block's S^T / dP^T GEMMs, d64 only: at d128 it runs the kernel without it). Every gradient must
 pass the test suite's rule against the fp32 naive reference (max error <= 2 x the error of the same
@@ -72,14 +74,16 @@ def path_tag(ws):
 
 
 def set_ws(ws):
-    """ws: False (unset: the default), True (FLASH_ATTN_BWD_WS=1) or an OPTIONS tag."""
+    """ws: False (FLASH_ATTN_BWD_WS=0), True (=1 with dQ atomics: the draft) or an OPTIONS tag."""
     for k in OPTION_ENVS:
         os.environ.pop(k, None)
     if ws is False:
         os.environ[ENV] = "0"  # the lock-step kernel
         return
     os.environ[ENV] = "1"
-    if ws is not True:
+    if ws is True:
+        os.environ["FLASH_ATTN_BWD_WS_DQ"] = "atomic"  # the draft (tma is the default since session 8)
+    else:
         os.environ.update(OPTIONS[ws])
 
 
@@ -210,11 +214,12 @@ def check_varlen(dtype, d, seqlens_q, seqlens_k, h, hk, causal, nan_tail=0, wind
 
 
 def check_env_values():
-    """Unset, empty and '0' are the default path; anything but '0' / '1' is an error."""
+    """Unset, empty and '1' are the default (WS) path, '0' the lock-step kernel; anything else is
+    an error."""
     q, k, v = (torch.randn(1, 300, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     dout = torch.randn_like(q)
     out = flash_attn_func(q, k, v, causal=True)
-    for value in (None, "", "0"):
+    for value, expect_ws in ((None, True), ("", True), ("0", False)):
         if value is None:
             os.environ.pop(ENV, None)
         else:
@@ -223,8 +228,11 @@ def check_env_values():
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
         finally:
             os.environ.pop(ENV, None)
-        assert any(OLD_KERNEL in n for n in names) and not any(WS_KERNEL in n for n in names), (
-            f"{ENV}={value!r}: expected the lock-step kernel, saw {[n for n in names if 'bwd' in n]}")
+        has_ws = any(WS_KERNEL in n for n in names)
+        has_old = any(OLD_KERNEL in n and WS_KERNEL not in n for n in names)
+        assert has_ws == expect_ws and has_old != expect_ws, (
+            f"{ENV}={value!r}: expected the {'WS' if expect_ws else 'lock-step'} kernel, "
+            f"saw {[n for n in names if 'bwd' in n]}")
     assert_kernel(out, (q, k, v), dout, True, expect_ws=True)
     os.environ[ENV] = "2"
     try:
@@ -254,7 +262,7 @@ def check_env_values():
         finally:
             os.environ.pop(ENV, None)
             os.environ.pop(var, None)
-    return "unset / '' / '0' -> lock-step, '1' -> WS, '2' -> error; option values checked"
+    return "unset / '' / '1' -> WS, '0' -> lock-step, '2' -> error; option values checked"
 
 
 def cases():

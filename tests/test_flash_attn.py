@@ -125,6 +125,33 @@ def test_flash_attn_output_long(dtype, d, sq, sk, causal, b, h, hk):
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
+# The sm_90a backward has two kernels for plain calls: the warp-specialised one (the default, dQ
+# through a bulk reduce-add) and the lock-step one (FLASH_ATTN_BWD_WS=0; it also serves the
+# feature calls and the strides / head dims the TMA cannot address). The sweep above runs the
+# default; these shapes keep the other paths (and the WS kernel's dQ-atomics form) covered. The
+# variables are read by the binding at each call; elsewhere than sm_90 they change nothing.
+BWD_PATHS = {
+    "lockstep": {"FLASH_ATTN_BWD_WS": "0"},
+    "ws-atomic": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ": "atomic"},
+}
+BWD_PATH_CASES = [
+    (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),
+    (torch.float16, 64, 1023, 1024, True, 1, 4, 1),
+    (torch.bfloat16, 128, 17, 113, True, 1, 4, 4),
+    (torch.float16, 128, 239, 1, False, 3, 3, 1),
+    (torch.bfloat16, 128, 1023, 1024, False, 1, 6, 3),
+]
+
+
+@pytest.mark.parametrize("path", list(BWD_PATHS))
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
+                         [pytest.param(*c, id=_case_id(*c)) for c in BWD_PATH_CASES])
+def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
+    for name, value in BWD_PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk", _full_cases())
 def test_flash_attn_output_full(dtype, d, sq, sk, causal, b, h, hk):

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Device-machine validation of the checkout in two chained calls of under 10 minutes each (the
+# machine idles out in 30 s; PART=B on a cold machine rebuilds first):
+#   PART=A bash scripts/validate_h200.sh   # full build (ptxas -v); the suite; feature costs
+#                                          # (default, and against the lock-step backward)
+#   PART=B bash scripts/validate_h200.sh   # decode; varlen; llama; grid (ours, flash, cuDNN,
+#                                          # efficient); WS backward bench + self-check
+# Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
+# seconds, default 570), so a pipeline hang cannot eat the session.
+set -uo pipefail
+OUT=${OUT:-/tmp/fa_out}; mkdir -p "$OUT"
+export CUTLASS_PATH=${CUTLASS_PATH:-$PWD/.deps/cutlass_include} MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+T_START=$(date +%s); DEADLINE=${DEADLINE:-570}
+step() { local name=$1 t=$2; shift 2; local left=$(( DEADLINE - ($(date +%s) - T_START) ));
+         (( t > left )) && t=$left; (( t < 10 )) && { echo "== $name skipped (no time left)"; return 1; }
+         local t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?;
+         echo "== $name rc=$rc $(( $(date +%s) - t0 )) s"; tail -${TAIL:-4} "$OUT/$name.log"; return $rc; }
+build() { step build 420 env FLASH_ATTN_PTXAS_VERBOSE=1 $PY -m pip install --no-build-isolation --no-deps -e . || exit 1
+          grep -E "spill stores" "$OUT/build.log" | grep -v " 0 bytes spill stores" | sort | uniq -c | head -8
+          grep -E "C75[0-9][0-9]" "$OUT/build.log" | sort | uniq -c | head -4; }  # wgmma serialisation
+built() { $PY -c "import flash_attn._C" 2>/dev/null; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+case ${PART:-A} in
+  A)
+    build
+    TAIL=3 step test 250 $PY -m pytest tests -q -x
+    TAIL=32 step features 75 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    # The same costs against the lock-step plain backward (the kernel the feature calls run).
+    TAIL=32 step features_bwd_ws0 75 env FLASH_ATTN_BWD_WS=0 $PY benchmarks/benchmark_attn.py --features \
+      --headdims 64,128,256 --out /tmp/feat0 ;;
+  B)
+    built || build
+    TAIL=6 step decode 45 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
+    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
+    TAIL=12 step bwd_ws_bench 60 $PY scripts/check_bwd_ws.py --bench-only
+    TAIL=6 step check_bwd_ws 60 $PY scripts/check_bwd_ws.py --no-bench ;;
+esac
