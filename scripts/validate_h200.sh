@@ -4,7 +4,8 @@
 #   PART=A bash scripts/validate_h200.sh   # full build (ptxas -v); the suite; feature costs
 #                                          # (default, and against the lock-step backward)
 #   PART=B bash scripts/validate_h200.sh   # decode; varlen; llama; grid (ours, flash, cuDNN,
-#                                          # efficient); WS backward bench + self-check
+#                                          # efficient); WS backward self-check; our grid with
+#                                          # the lock-step backward (FLASH_ATTN_BWD_WS=0)
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
 # seconds, default 570), so a pipeline hang cannot eat the session.
 set -uo pipefail
@@ -35,6 +36,7 @@ case ${PART:-A} in
     TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
     TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
     TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
-    TAIL=12 step bwd_ws_bench 60 $PY scripts/check_bwd_ws.py --bench-only
-    TAIL=6 step check_bwd_ws 60 $PY scripts/check_bwd_ws.py --no-bench ;;
+    TAIL=6 step check_bwd_ws 60 $PY scripts/check_bwd_ws.py --no-bench
+    # Our grid again with the lock-step backward: the WS backward's gain per seqlen.
+    TAIL=30 step grid_bwd_ws0 90 env FLASH_ATTN_BWD_WS=0 $PY benchmarks/benchmark_attn.py --backends ours --out /tmp/grid0 ;;
 esac
