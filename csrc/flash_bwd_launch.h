@@ -15,11 +15,12 @@
 namespace flash {
 
 #ifdef FLASH_ATTN_SM90A
-// The warp-specialised sm_90a backward (hopper/flash_bwd_ws_launch_sm90.h; plain calls at head-dim
-// tiles 64 and 128), instantiated in its own translation units (instantiations/
-// flash_bwd_ws_sm90_hdim*_*.cu). Run when params.bwd_ws (FLASH_ATTN_BWD_WS=1); it returns false,
-// launching nothing, for the calls it does not serve.
-template <typename Element, int kHeadDim>
+// The warp-specialised sm_90a backward (hopper/flash_bwd_ws_launch_sm90.h; head-dim tiles 64 and
+// 128; kMod = false: plain calls, true: softcap / ALiBi calls), instantiated in its own
+// translation units (instantiations/flash_bwd_ws_sm90_hdim*_*.cu, *_mod.cu). Run when
+// params.bwd_ws (the default; FLASH_ATTN_BWD_WS=0 turns it off); it returns false, launching
+// nothing, for the calls it does not serve.
+template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream);
 #endif
 
@@ -85,9 +86,7 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHasSm90Bwd<kHeadDim>) {
         if (params.use_sm90) {
-            if constexpr (!kFeat) {
-                if (params.bwd_ws && run_mha_bwd_ws_sm90<Element, kHeadDim>(params, stream)) return;
-            }
+            if (params.bwd_ws && run_mha_bwd_ws_sm90<Element, kHeadDim, kFeat>(params, stream)) return;
             run_mha_bwd_sm90<Element, kHeadDim, kFeat>(params, stream);
             return;
         }

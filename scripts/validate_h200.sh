@@ -6,6 +6,7 @@
 #   PART=B bash scripts/validate_h200.sh   # decode; varlen; llama; grid (ours, flash, cuDNN,
 #                                          # efficient); WS backward self-check; our grid with
 #                                          # the lock-step backward (FLASH_ATTN_BWD_WS=0)
+#   PART=M bash scripts/validate_h200.sh   # head dims 64 / 128 build; suite; feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
 # seconds, default 570), so a pipeline hang cannot eat the session.
 set -uo pipefail
@@ -39,4 +40,14 @@ case ${PART:-A} in
     TAIL=6 step check_bwd_ws 60 $PY scripts/check_bwd_ws.py --no-bench
     # Our grid again with the lock-step backward: the WS backward's gain per seqlen.
     TAIL=30 step grid_bwd_ws0 90 env FLASH_ATTN_BWD_WS=0 $PY benchmarks/benchmark_attn.py --backends ours --out /tmp/grid0 ;;
+  M)
+    # A restricted build (head dims 64 and 128, both dtypes: every kernel the WS backward's
+    # score-modifier variant touches) + the suite on it + the feature costs with and without the
+    # WS backward: for a change to those kernels when the device time left is short of PART=A.
+    export FLASH_ATTN_HEAD_DIMS=64,128
+    build
+    TAIL=3 step test 170 $PY -m pytest tests -q -x
+    TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat
+    TAIL=20 step features_bwd_ws0 40 env FLASH_ATTN_BWD_WS=0 $PY benchmarks/benchmark_attn.py --features \
+      --headdims 64,128 --out /tmp/feat0 ;;
 esac

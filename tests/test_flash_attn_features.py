@@ -153,6 +153,25 @@ def test_combinations(feat, dtype, d, sq, sk, causal, b, h, hk):
     _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
 
 
+# Softcap / ALiBi backwards at head dims 64 and 128 (multiples of 8) run the warp-specialised
+# sm_90a kernel's score-modifier variant by default and the lock-step feature kernel with
+# FLASH_ATTN_BWD_WS=0 (read at each call; elsewhere than sm_90 both run the SM80-class kernel).
+# The rotated sweeps above meet d = 64 not at all (their head dims: 32, 59, 96, 128, 256).
+MOD_FEATS = [{"softcap": 5.0}, {"alibi": "h"}, {"alibi": "bh", "window": (32, 32)},
+             {"softcap": 8.0, "alibi": "bh", "window": (60, 12)}]
+MOD_SHAPES = [(113, 203, False, 2, 6, 2), (239, 113, True, 1, 4, 1), (1, 77, False, 1, 4, 4),
+              (317, 1000, True, 2, 6, 2)]
+
+
+@pytest.mark.parametrize("bwd_ws", ["1", "0"], ids=["ws", "lockstep"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("feat", MOD_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+def test_score_mods_backward_paths(feat, d, bwd_ws, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS", bwd_ws)
+    for i, (sq, sk, causal, b, h, hk) in enumerate(MOD_SHAPES):
+        _run(DTYPES[i % 2], d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
 @pytest.mark.parametrize("variant", ["qkvpacked", "kvpacked"])
 @pytest.mark.parametrize("feat", WINDOW_FEATS[:4] + SOFTCAP_FEATS + ALIBI_FEATS + DROPOUT_FEATS
                          + COMBO_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))

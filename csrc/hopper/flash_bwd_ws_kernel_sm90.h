@@ -1,5 +1,6 @@
-// Warp-specialised sm_90a backward (FA3-style), plain variant (no softcap / ALiBi / dropout /
-// deterministic dQ: those stay on flash_bwd_kernel_sm90.h). Default off; FLASH_ATTN_BWD_WS=1.
+// Warp-specialised sm_90a backward (FA3-style): the plain calls and (Traits::kMod) those with
+// softcap and / or ALiBi; dropout and deterministic dQ stay on flash_bwd_kernel_sm90.h. The
+// default for the calls it serves since session 8; FLASH_ATTN_BWD_WS=0 selects the lock-step kernel.
 //
 // One CTA per (128-key block, batch, query head), walking the 64-row query blocks that can see its
 // keys, as the lock-step kernel; what changes is who loads what and how the warps wait:
@@ -51,6 +52,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "../attn_mods.h"  // ScoreMod (kMod)
 #include "../block_info.h"
 #include "../flash.h"
 #include "../flash_bwd_kernel.h"  // accum_row0, store_tile (via flash_fwd_kernel.h)
@@ -214,6 +216,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const int keys_left = seqlen_k - col0;
     const int diag = seqlen_k - seqlen_q;
     const Mask mask{seqlen_k, diag, params.window_left, params.window_right};
+    // kMod: softcap then ALiBi on S^T before the mask, the softcap derivative on dS^T, as the
+    // lock-step feature kernel (flash_bwd_kernel_sm90.h) does on the same accumulator layout.
+    const ScoreMod score_mod = Traits::kMod ? ScoreMod(params, bidb, bidh, diag) : ScoreMod{};
 
     typename Traits::TiledMmadKV tiled_mma_dkv;
     auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
@@ -393,6 +398,18 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
         const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
+        // (key, query) -> alibi_slope * |query + diag - key| (alibi_slope < 0: a penalty).
+        auto alibi_bias = [&](int i) {
+            const int dist = row0 + get<1>(coords_st(i)) + diag - col0 - get<0>(coords_st(i));
+            return score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
+        };
+        if constexpr (Traits::kMod) {
+            if (score_mod.has_softcap()) { score_mod.apply_softcap(acc_s); }
+            if (score_mod.alibi_slope != 0.f) {
+                CUTE_UNROLL
+                for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias(i); }
+            }
+        }
         // The tile's rows past the sequence (see the header) are masked too.
         if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL
@@ -432,6 +449,24 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
             CUTE_UNROLL
             for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum); }
+        }
+        if constexpr (Traits::kMod) {
+            if (score_mod.has_softcap()) {
+                // dS *= d tanh(s * softcap_scale) / ds, tanh recovered from P (as the lock-step
+                // kernel): P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e). Where P is 0
+                // (masked, rows past the sequence) t = 1 and the factor is 0 (dS is 0 there anyway).
+                const bool has_alibi = score_mod.alibi_slope != 0.f;
+                CUTE_UNROLL
+                for (int i = 0; i < size(acc_dp); ++i) {
+                    const int r = get<1>(coords_st(i));
+                    const float lse_log2 = row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f;
+                    const float p = acc_s(i);
+                    float t = p > 0.f ? (__log2f(p) + lse_log2) / params.scale_softmax_log2 : 1.f;
+                    if (has_alibi) { t -= alibi_bias(i); }
+                    t = fminf(fmaxf(t, -1.f), 1.f);
+                    acc_dp(i) *= (1.f - t * t) * score_mod.softcap_scale;
+                }
+            }
         }
         Tensor rdS = make_tensor_like<Element>(acc_dp);
         {

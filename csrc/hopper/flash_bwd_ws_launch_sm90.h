@@ -1,8 +1,9 @@
 // Launch of the warp-specialised sm_90a backward (flash_bwd_ws_kernel_sm90.h): tile configuration
 // per head dim, the TMA descriptors over q / dout (dense (b, s, h, d) or varlen packed (total, h,
 // d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
-// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu; called from run_mha_bwd_
-// (flash_bwd_launch.h) when params.bwd_ws is set (FLASH_ATTN_BWD_WS=1), plain calls only.
+// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain) and *_mod.cu (softcap / ALiBi);
+// called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set (the default;
+// FLASH_ATTN_BWD_WS=0 turns it off).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,8 @@ namespace flash {
 // over the next block's S^T / dP^T issue, next to dK, dV, S^T and dP^T: the d64 consumers peak
 // at 180 of their 240 registers; d128 (234 without it) spills 20-28 bytes, so it is built for
 // d64 only.
-template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false>
-using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap>;
+template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false, bool kMod = false>
+using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap, kMod>;
 
 namespace bwd_ws_detail {
 
@@ -79,15 +80,21 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 }  // namespace bwd_ws_detail
 
 // Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
-// the lock-step sm_90a backward. Served: the plain backward (no softcap / ALiBi / dropout /
-// deterministic: those are feature calls, kFeat), causal / sliding window, dense or varlen, MQA /
-// GQA. Not served: K/V-cache refinements (never set by the backward binding, checked anyway),
+// the lock-step sm_90a backward. Served: kMod = false, the plain backward (no softcap / ALiBi /
+// dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
+// dispatch), the feature calls with softcap and / or ALiBi but no dropout and no deterministic dQ,
+// with the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to the lock-step
+// kernel). Both: causal / sliding window, dense or varlen, MQA / GQA. Not served: K/V-cache refinements (never set by the backward binding, checked anyway),
 // q / dout strides the TMA cannot address (not multiples of 16 bytes), LSE / softmax_d buffers of
 // 2^31 elements or more (1-D TMA coordinates are int32).
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
-    if (has_features(params) || params.seqused_k != nullptr || params.leftpad_k != nullptr ||
+    const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+    const bool served_features = kMod ? has_mod && params.p_dropout <= 0.f && !params.deterministic &&
+                                            params.bwd_ws_dq_tma
+                                      : !has_features(params);
+    if (!served_features || params.seqused_k != nullptr || params.leftpad_k != nullptr ||
         params.kv_batch_idx != nullptr || params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0 ||
         params.dq_accum_splits > 1) {
         return false;
@@ -116,6 +123,11 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     const int64_t dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows
                                         : int64_t(params.b) * params.h * params.seqlen_q_rounded;
     if (lse_elems >= (int64_t(1) << 31) || dsum_elems >= (int64_t(1) << 31)) return false;
+    if constexpr (kMod) {
+        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true>>(
+            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        return true;
+    }
     // Each option is its own kernel; the default (no option) is the draft's kernel unchanged.
     if constexpr (kHeadDim == 64) {
         if (params.bwd_ws_overlap) {

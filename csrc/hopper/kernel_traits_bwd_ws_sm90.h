@@ -39,8 +39,10 @@ enum class BwdWsBarrier : uint32_t {
 // kDqTma: dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued
 // by warp 1 of the producer warpgroup, instead of per-thread fp32 atomics. kOverlap: each query
 // block's dQ write-out is deferred until the next block's S^T / dP^T GEMMs are issued, so that
-// it overlaps them.
-template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false>
+// it overlaps them. kMod: softcap and ALiBi (the score modifiers of attn_mods.h; no dropout, no
+// deterministic dQ: those calls stay on the lock-step feature kernel).
+template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
+          bool kMod_ = false>
 struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
     // copy atoms (GmemTiledCopyLoad for K / V, the store_tile atoms), all indexed by the consumer
@@ -54,6 +56,7 @@ struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
     static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
     static constexpr bool kDqTma = kDqTma_;
     static constexpr bool kOverlap = kOverlap_;
+    static constexpr bool kMod = kMod_;
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
