@@ -180,6 +180,14 @@ struct BwdParams : FwdParams {
     // tile) waits until the next block's S^T / dP^T GEMMs are issued, and overlaps them
     // (head-dim tile 64 only; the d128 WS kernel ignores it). (Also in that padding.)
     bool bwd_ws_overlap;
+    // Deterministic dQ on the warp-specialised sm_90a backward (set by the binding, make_dq_accum,
+    // for the calls that kernel will serve): dq_accum holds dq_accum_splits zeroed slices, key
+    // block n adds into slice n % splits with a bulk reduce-add, and the CTAs sharing a slice add
+    // each query block's tile in a fixed order, serialised by the zeroed int32 counters
+    // dq_semaphore_ptr (splits, b, h, seqlen_q_rounded / 64) (hopper/flash_bwd_ws_kernel_sm90.h).
+    // If the WS kernel declines the call after all, the lock-step kernel's sliced mode runs on the
+    // same zeroed slices. (In the padding after bwd_ws_overlap.)
+    bool bwd_ws_det;
     int dq_slice_block_m, dq_slice_block_n;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with

@@ -334,11 +334,44 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
     return deterministic_splits(bh, (max_seqlen_k + 63) / 64, device);
 }
 
+// Whether a deterministic backward call will run the warp-specialised sm_90a kernel (its launcher,
+// hopper/flash_bwd_ws_launch_sm90.h, applies the same conditions, plus stride / alignment checks
+// under which it declines and the lock-step kernel's sliced mode runs instead): the WS kernel with
+// the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8.
+// FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps deterministic calls on the lock-step kernel.
+bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
+#ifdef FLASH_ATTN_SM90A
+    return p.use_sm90 && (p.head_dim_tile == 64 || p.head_dim_tile == 128) && bwd_ws_enabled() &&
+           bwd_ws_dq_tma_enabled() && env_switch("FLASH_ATTN_BWD_WS_DET", true) && p.p_dropout <= 0.f &&
+           !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;
+#else
+    (void)p, (void)varlen;
+    return false;
+#endif
+}
+
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
 // the sm_90a backward and the d = 256 fixed-feature-set kernels, else one int32 counter per (b, h,
 // 64-row block of seqlen_q_rounded rows), returned in `semaphore` (it must outlive the launch).
 at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<int64_t> shape, int64_t b, int64_t h,
-                         int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore) {
+                         int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore,
+                         bool varlen) {
+    p.deterministic = deterministic;
+    if (deterministic && ws_deterministic_serves(p, varlen)) {
+        // Warp-specialised backward: zeroed slices (the bulk reduce-add adds into them) and one
+        // counter per (slice, b, h, 64-row query block); see BwdParams::bwd_ws_det.
+        const int splits = sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
+        shape.insert(shape.begin(), splits);
+        at::Tensor dq_accum = at::zeros(shape, q.options().dtype(at::kFloat));
+        p.dq_accum_ptr = dq_accum.data_ptr<float>();
+        p.dq_accum_splits = splits;
+        p.dq_accum_split_stride = dq_accum.stride(0);
+        p.dq_store_first = false;
+        semaphore = at::zeros({splits, b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
+        p.dq_semaphore_ptr = semaphore.data_ptr<int>();
+        p.bwd_ws_det = true;
+        return dq_accum;
+    }
     const int sm90_splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
     int splits = sm90_splits;
     if (deterministic && splits == 0) splits = sm80_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
@@ -475,7 +508,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         set_dropout_bwd(params, p_dropout, rng_state);
         at::Tensor dq_semaphore;
         const at::Tensor dq_accum = make_dq_accum(params, deterministic, {b, h, seqlen_q_rounded, tile}, b, h, sk,
-                                                  seqlen_q_rounded, q, dq_semaphore);
+                                                  seqlen_q_rounded, q, dq_semaphore, /*varlen=*/false);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
         params.do_head_stride = dout.stride(2);
@@ -738,7 +771,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
         at::Tensor dq_semaphore;
         const at::Tensor dq_accum = make_dq_accum(params, deterministic, {h, accum_rows, tile}, b, h, max_seqlen_k,
-                                                  seqlen_q_rounded, q, dq_semaphore);
+                                                  seqlen_q_rounded, q, dq_semaphore, /*varlen=*/true);
         params.do_ptr = dout.data_ptr();
         params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
         params.dq_ptr = dq.data_ptr();

@@ -45,6 +45,14 @@ struct Mask {
         return n_last;
     }
 
+    // The lowest key block whose m_block_range contains m_block (for a block that some key block
+    // sees): m_max(n) > m_block  <=>  n * N > m_block * M + diag - window_left - N.
+    __device__ int first_n_block_seeing(int m_block, int M, int N) const {
+        if (window_left >= kWindowUnbounded) return 0;
+        const int t = m_block * M + diag - window_left - N;
+        return t < 0 ? 0 : t / N + 1;
+    }
+
     // Whether any element of the (row0.., col0..) tile of size (M, N) needs masking.
     __device__ bool tile_needs_mask(int row0, int col0, int M, int N) const {
         const bool past_end = col0 + N > seqlen_k;

@@ -7,6 +7,8 @@
 #                                          # efficient); WS backward self-check; our grid with
 #                                          # the lock-step backward (FLASH_ATTN_BWD_WS=0)
 #   PART=M bash scripts/validate_h200.sh   # head dims 64 / 128 build; suite; feature costs
+#   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
+#                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
 # seconds, default 570), so a pipeline hang cannot eat the session.
 set -uo pipefail
@@ -50,4 +52,12 @@ case ${PART:-A} in
     TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat
     TAIL=20 step features_bwd_ws0 40 env FLASH_ATTN_BWD_WS=0 $PY benchmarks/benchmark_attn.py --features \
       --headdims 64,128 --out /tmp/feat0 ;;
+  N)
+    # Branch next (session 8 -> 9): the WS backward's deterministic mode (check_bwd_ws_det.py:
+    # one process per case under a timeout, since a wrong counter order hangs) and its varlen
+    # softcap / ALiBi calls, then the suite and the feature costs.
+    build
+    TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60
+    TAIL=3 step test 170 $PY -m pytest tests -q -x
+    TAIL=32 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
 esac

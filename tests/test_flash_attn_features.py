@@ -341,9 +341,15 @@ def test_dropout_eval_mode_matches_plain():
         (96, False, (100, 20), 2, 1031, 600),
         (256, True, (64, -1), 4, 513, 513),
         (32, False, (-1, -1), 2, 100, 3000),
+        (128, False, (-1, 40), 4, 1000, 1100),
+        (64, True, (-1, -1), 2, 1100, 1000),
     ],
 )
-def test_deterministic_bitwise(d, causal, window, hk, sq, sk):
+@pytest.mark.parametrize("ws_det", ["1", "0"], ids=["ws", "lockstep"])
+def test_deterministic_bitwise(d, causal, window, hk, sq, sk, ws_det, monkeypatch):
+    # FLASH_ATTN_BWD_WS_DET=0 keeps d64 / d128 deterministic calls on the lock-step kernel's
+    # sliced mode (read at each call; the other head dims run it either way).
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_DET", ws_det)
     dtype = torch.bfloat16
     require_config(dtype, d)
     b, h = 2, 4

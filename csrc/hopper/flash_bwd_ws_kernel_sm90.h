@@ -162,31 +162,101 @@ __forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp,
     // consumers finish, and every slot issued here is consumed by them.
 }
 
+// ---- deterministic dQ (params.bwd_ws_det) --------------------------------------------------------
+// Key block n adds its dQ tiles into slice n % splits of dq_accum. The key blocks that see query
+// block m form an interval [first, last] (both ends of m_block_range grow with the key block);
+// those sharing a slice add m's tile one after the other, in ascending key-block order, or
+// descending when the window's right side is bounded (causal): there key block n starts at a
+// query block that grows with n, so in ascending order CTA n would wait for CTA n - 1 to work
+// its way up to n's first block, and in descending order the CTA it waits for started earlier
+// in the query blocks. The grid is walked in the same order (the kernel maps blockIdx.x to key
+// block n_blocks - 1 - blockIdx.x for descending), so a CTA only ever waits for CTAs launched
+// before it: no CTA can wait for one that is not resident yet.
+struct BwdWsDqOrder {
+    int *counters;  // this (slice, b, h)'s counters, one per 64-row query block (zeroed)
+    Mask mask;
+    int n_block, splits, slice;
+    bool descending;
+
+    template <int kBlockM, int kBlockN>
+    __device__ int rank(int m_block) const {
+        if (descending) {
+            const int last = mask.last_n_block_seeing(m_block, kBlockM, kBlockN);
+            const int last_in_slice = last - ((last - slice) % splits + splits) % splits;
+            return (last_in_slice - n_block) / splits;
+        }
+        const int first = mask.first_n_block_seeing(m_block, kBlockM, kBlockN);
+        const int first_in_slice = first + ((slice - first) % splits + splits) % splits;
+        return (n_block - first_in_slice) / splits;
+    }
+};
+
+__forceinline__ __device__ bool bwd_ws_det_descending(BwdParams const &params) {
+    return params.window_right < kWindowUnbounded;
+}
+
+__forceinline__ __device__ int ld_acquire_gpu(int const *ptr) {
+    int value;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(ptr) : "memory");
+    return value;
+}
+
 // ---- dQ writer (kDqTma): warp 1 of the producer warpgroup -------------------------------------
 // Per query block: wait until the consumers have written the block's fp32 dQ tile to buffer
 // (block parity) and fenced it for the async proxy (kdQFull), add the tile into dq_accum with one
 // bulk reduce (lane 0), wait until the TMA unit has read it, and hand the buffer back (kdQEmpty)
-// when a later block will refill it. Ordering between CTAs is free: the WS path never serves the
-// deterministic mode.
+// when a later block will refill it. Ordering between CTAs: none, except in the deterministic
+// mode (params.bwd_ws_det, BwdWsDqOrder): there lane 0 waits until the CTAs before this one in
+// the slice's order have added the tile (acquire load of the block's counter), and after its own
+// reduce-add has completed (not just read its source) increments the counter (release).
 template <typename Traits>
 __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typename Traits::SharedStorage &ss,
-                                                BlockInfo const &binfo, int bidb, int bidh, int m_block_min,
-                                                int m_block_max) {
+                                                BlockInfo const &binfo, int n_block, int bidb, int bidh,
+                                                int m_block_min, int m_block_max) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kHeadDim = Traits::kHeadDim;
+    static_assert(kBlockM == 64, "one deterministic counter per 64-row query block");
+    const bool det = params.deterministic;  // only with bwd_ws_det (the launcher checks it)
+    BwdWsDqOrder order{};
+    int64_t slice_offset = 0;
+    if (det) {
+        order.splits = max(params.dq_accum_splits, 1);
+        order.slice = n_block % order.splits;
+        order.n_block = n_block;
+        order.mask = Mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
+        order.descending = bwd_ws_det_descending(params);
+        order.counters = params.dq_semaphore_ptr +
+                         ((int64_t(order.slice) * params.b + bidb) * params.h + bidh) * (params.seqlen_q_rounded / 64);
+        slice_offset = int64_t(order.slice) * params.dq_accum_split_stride;
+    }
     // dq_accum rows are padded to a multiple of 128 (dense) or by 128 per sequence (varlen) and
     // hold kHeadDim floats each: every 64-row tile is in bounds and one contiguous block.
-    float *dq_accum_ptr = params.dq_accum_ptr + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
+    float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
     const bool leader = cute::elect_one_sync();
 #pragma unroll 1  // one iteration per query block is plenty for a warp that mostly waits
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const uint32_t buf = (m_block - m_block_min) % Traits::kdQBuffers;
         cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + buf);
         if (leader) {
+            if (det) {
+                const int turn = order.template rank<kBlockM, Traits::kBlockN>(m_block);
+                while (ld_acquire_gpu(order.counters + m_block) != turn) { __nanosleep(64); }
+                // The earlier CTAs' adds (ordered before their release) before our bulk reduce
+                // (async proxy).
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            }
             Sm90BulkReduceAddF32::copy(ss.smem_dq.data() + buf * (kBlockM * kHeadDim),
                                        dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim, Traits::kdQTileBytes);
             cute::tma_store_arrive();
-            cute::tma_store_wait<0>();  // the buffer has been read (the adds may still be in flight)
+            if (det) {
+                // The adds themselves completed (not only the source read), then made visible to
+                // the generic proxy before the release that lets the next CTA add.
+                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(order.counters + m_block) : "memory");
+            } else {
+                cute::tma_store_wait<0>();  // the buffer has been read (the adds may still be in flight)
+            }
         }
         __syncwarp();
         // Only the blocks whose buffer is refilled get an arrival: every arrival is matched by the
@@ -523,7 +593,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     extern __shared__ __align__(1024) char smem[];
     auto &ss = *reinterpret_cast<typename Traits::SharedStorage *>(smem);
 
-    const int n_block = blockIdx.x;
+    // Deterministic calls with a bounded right window walk the key blocks downwards (BwdWsDqOrder).
+    const int n_block = params.deterministic && bwd_ws_det_descending(params) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int bidb = blockIdx.y;
     const int bidh = blockIdx.z;
     const BlockInfo binfo(params, bidb);
@@ -560,7 +631,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
                 }
             } else if (warp_idx == 1 && m_block_max > m_block_min) {
-                bwd_ws_write_dq<Traits>(params, ss, binfo, bidb, bidh, m_block_min, m_block_max);
+                bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
             }
         } else if (threadIdx.x == 0 && m_block_max > m_block_min) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());

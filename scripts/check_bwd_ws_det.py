@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""GPU check of the deterministic mode of the warp-specialised sm_90a backward (branch ws-bwd-det:
+BwdParams::bwd_ws_det, BwdWsDqOrder in csrc/hopper/flash_bwd_ws_kernel_sm90.h).
+
+Each case runs in its own process under a timeout (a wrong counter order hangs rather than fails):
+  * the forward once, then the deterministic backward RERUNS times: dq / dk / dv bitwise equal
+    across the reruns;
+  * the gradients against the fp32 naive reference (the suite's rule: max error <= 2 x the error
+    of the same naive attention in the input dtype + slack; NaN fails);
+  * the profiler shows the WS kernel (flash_bwd_ws_kernel_sm90), not the lock-step one;
+  * against the lock-step deterministic backward (FLASH_ATTN_BWD_WS_DET=0): dk / dv bitwise equal
+    or extremely close, dq within the rule.
+Cases cover d64 / d128, fp16 / bf16, causal (descending order, reversed grid walk) and not,
+left / right / two-sided windows, GQA, odd lengths, seqlen_q != seqlen_k, ALiBi and softcap (d128),
+and 20k keys (157 key blocks: more CTAs per (b, h) than SMs, the deadlock case for a wrong walk).
+
+Then times default vs deterministic (WS) vs deterministic (lock-step) backwards at bf16 8k.
+
+    python scripts/check_bwd_ws_det.py [--no-bench] [--bench-only] [--timeout 90]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+RERUNS = 5
+# (dtype, d, b, sq, sk, h, hk, causal, window, feature)
+CASES = [
+    ("bf16", 128, 2, 1024, 1024, 4, 4, False, (-1, -1), None),
+    ("bf16", 128, 2, 1024, 1024, 4, 4, True, (-1, -1), None),
+    ("fp16", 64, 1, 1000, 1300, 6, 2, False, (-1, -1), None),
+    ("fp16", 64, 1, 1300, 1000, 6, 2, True, (-1, -1), None),
+    ("bf16", 64, 3, 113, 203, 4, 1, True, (-1, -1), None),
+    ("bf16", 128, 1, 17, 1023, 2, 2, False, (-1, -1), None),
+    ("bf16", 128, 1, 777, 777, 2, 1, False, (100, -1), None),
+    ("fp16", 128, 1, 777, 900, 2, 2, False, (-1, 50), None),
+    ("bf16", 64, 1, 900, 777, 4, 2, False, (64, 64), None),
+    ("bf16", 128, 1, 640, 640, 4, 4, True, (-1, -1), "alibi"),
+    ("fp16", 128, 1, 640, 700, 4, 2, False, (-1, -1), "softcap"),
+    ("bf16", 64, 1, 640, 640, 4, 4, False, (32, 0), "alibi"),
+    ("bf16", 128, 1, 256, 20000, 2, 2, False, (-1, -1), None),
+    ("bf16", 128, 1, 20000, 20000, 1, 1, True, (-1, -1), None),
+]
+
+
+def run_case(idx):
+    import torch
+
+    import fa_test_utils as U
+    from flash_attn import flash_attn_func
+
+    dtype_name, d, b, sq, sk, h, hk, causal, window, feature = CASES[idx]
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
+    torch.manual_seed(1000 + idx)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    feats = {}
+    if feature == "alibi":
+        feats["alibi_slopes"] = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5
+    elif feature == "softcap":
+        feats["softcap"] = 20.0
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True, **feats)
+
+    def bwd(env):
+        old = {k_: os.environ.get(k_) for k_ in env}
+        os.environ.update(env)
+        try:
+            g = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            torch.cuda.synchronize()
+        finally:
+            for k_, v_ in old.items():
+                if v_ is None:
+                    os.environ.pop(k_, None)
+                else:
+                    os.environ[k_] = v_
+        return g
+
+    ws = [bwd({}) for _ in range(RERUNS)]
+    for r in range(1, RERUNS):
+        for i, n in enumerate(("dq", "dk", "dv")):
+            assert torch.equal(ws[r][i], ws[0][i]), f"{n} rerun {r} differs from rerun 0"
+    (out_ref, _, *g_ref), (out_pt, *g_pt) = U.ref_fwd_bwd(q, k, v, dout, causal, window_size=window, **feats)
+    U.assert_close_to_ref("out", out, out_ref, out_pt, U.OUT_SLACK)
+    for i, n in enumerate(("dq", "dk", "dv")):
+        U.assert_close_to_ref(n, ws[0][i], g_ref[i], g_pt[i], U.GRAD_SLACK)
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        bwd({})
+    names = [e.key for e in prof.key_averages()]
+    assert any("flash_bwd_ws_kernel_sm90" in n for n in names), f"WS kernel did not run: {[n for n in names if 'bwd' in n]}"
+
+    lock = bwd({"FLASH_ATTN_BWD_WS_DET": "0"})
+    notes = []
+    for i, n in enumerate(("dq", "dk", "dv")):
+        U.assert_close_to_ref(f"{n} lock-step", lock[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
+        diff = U.max_err(ws[0][i], lock[i])
+        notes.append(f"{n} {'==' if torch.equal(ws[0][i], lock[i]) else f'~{diff:.1e}'}")
+    return "vs lock-step det: " + ", ".join(notes)
+
+
+def bench():
+    import torch
+    import triton.testing
+
+    from flash_attn import flash_attn_func
+
+    print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
+    for d in (64, 128):
+        for causal in (False, True):
+            h = 2048 // d
+            q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            row = []
+            for tag, det, env in (("default", False, {}), ("det WS", True, {}),
+                                  ("det lock-step", True, {"FLASH_ATTN_BWD_WS_DET": "0"})):
+                out = flash_attn_func(q, k, v, causal=causal, deterministic=det)
+                os.environ.update(env)
+                try:
+                    ms = triton.testing.do_bench(
+                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=50, rep=300)
+                finally:
+                    for k_ in env:
+                        os.environ.pop(k_, None)
+                row.append((tag, ms))
+            base = row[0][1]
+            print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
+                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.2f}x)" for t, ms in row))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", type=int)
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--bench-only", action="store_true")
+    ap.add_argument("--timeout", type=float, default=90)
+    args = ap.parse_args()
+    if args.case is not None:
+        print(run_case(args.case))
+        return 0
+    failed = 0
+    if not args.bench_only:
+        for i, c in enumerate(CASES):
+            label = " ".join(str(x) for x in c)
+            try:
+                r = subprocess.run([sys.executable, __file__, "--case", str(i)], capture_output=True, text=True,
+                                   timeout=args.timeout)
+                ok = r.returncode == 0
+                msg = (r.stdout.strip().splitlines() or [""])[-1] if ok else (r.stdout + r.stderr).strip()[-600:]
+            except subprocess.TimeoutExpired:
+                ok, msg = False, f"TIMEOUT after {args.timeout:.0f} s (hang?)"
+            failed += not ok
+            print(f"{'PASS' if ok else 'FAIL'}  {label:<60} {msg}", flush=True)
+        print("ALL PASS" if not failed else f"{failed} FAILED")
+    if not args.no_bench and not failed:
+        bench()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
