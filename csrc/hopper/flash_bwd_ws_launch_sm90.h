@@ -91,17 +91,17 @@ template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
     const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
-    // kMod: dense calls only (its varlen path has not run on the GPU yet), and no softcap at d64,
+    // kMod: dense and varlen calls (branch ws-bwd-mod-varlen: varlen not GPU-run yet), no softcap at d64,
     // where the WS kernel's extra MUFU work (tanh, and log2 to recover it) made the H200's softcap
     // backward slower than the lock-step kernel's (bf16 8k: 15.9 vs 13.7 ms; d128: 9.4 vs 10.4 ms;
     // ALiBi: d64 9.5 vs 10.0 ms, d128 6.3 vs 7.7 ms; docs/results/s8/mod_features.log).
     // Deterministic calls: only those the binding prepared for this kernel (params.bwd_ws_det:
     // zeroed dq_accum slices and counters, dense, dQ bulk reduce-add); they come through the
     // feature dispatch (kMod), with or without score modifiers.
-    const bool det_ok = !params.deterministic || (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr);
+    const bool det_ok = !params.deterministic ||
+                        (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
     const bool served_features = kMod ? (has_mod || params.deterministic) && det_ok && params.p_dropout <= 0.f &&
-                                            params.bwd_ws_dq_tma && params.cu_seqlens_q == nullptr &&
-                                            !(kHeadDim == 64 && params.softcap_scale > 0.f)
+                                            params.bwd_ws_dq_tma && !(kHeadDim == 64 && params.softcap_scale > 0.f)
                                       : !has_features(params);
     if (!served_features || params.seqused_k != nullptr || params.leftpad_k != nullptr ||
         params.kv_batch_idx != nullptr || params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0 ||
