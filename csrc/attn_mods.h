@@ -188,6 +188,44 @@ struct ScoreMod {
         }
     }
 
+    // The sm_90a backwards' transposed tiles (S^T, dP^T: mode 0 = key, mode 1 = query row of
+    // coords_t, their partition of identity(keys, queries)), at query row0 and key col0 of the
+    // sequence: the ALiBi bias of element i, softcap then ALiBi on S^T (before the mask), and the
+    // softcap derivative on dS^T.
+    template <typename TensorCoord>
+    __device__ __forceinline__ float alibi_bias_t(TensorCoord const &coords_t, int i, int row0, int col0) const {
+        const int dist = row0 + get<1>(coords_t(i)) + diag - col0 - get<0>(coords_t(i));
+        return alibi_slope * float(dist < 0 ? -dist : dist);
+    }
+    template <typename TensorAcc, typename TensorCoord>
+    __device__ __forceinline__ void apply_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0, int col0) const {
+        if (has_softcap()) { apply_softcap(acc_s); }
+        if (alibi_slope != 0.f) {
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias_t(coords_t, i, row0, col0); }
+        }
+    }
+    // acc_ds *= d tanh(s * softcap_scale) / ds. tanh is recovered from P (acc_p) instead of being
+    // kept in registers: P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e); where it matters
+    // (P not tiny) the recovery is accurate, elsewhere dS ~ P is ~0 anyway, and where P is 0
+    // (masked) t = 1 and the factor is 0. lse_log2(i): LSE * log2(e) of element i's query row.
+    template <typename TensorDS, typename TensorP, typename TensorCoord, typename LseLog2>
+    __device__ __forceinline__ void softcap_grad_t(TensorDS &acc_ds, TensorP const &acc_p, TensorCoord const &coords_t,
+                                                   int row0, int col0, float scale_softmax_log2,
+                                                   LseLog2 &&lse_log2) const {
+        if (!has_softcap()) return;
+        const bool has_alibi = alibi_slope != 0.f;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_ds); ++i) {
+            const float lse = lse_log2(i);
+            const float p = acc_p(i);
+            float t = p > 0.f ? (__log2f(p) + lse) / scale_softmax_log2 : 1.f;
+            if (has_alibi) { t -= alibi_bias_t(coords_t, i, row0, col0); }
+            t = fminf(fmaxf(t, -1.f), 1.f);
+            acc_ds(i) *= (1.f - t * t) * softcap_scale;
+        }
+    }
+
     // The ALiBi bias slope * |row + diag - col| of every element, in fp32: the distance is an
     // integer below 2^24, exact in fp32, so this equals the integer form bit for bit. The thread's
     // part of the distance is converted once; each element adds a compile-time constant (its

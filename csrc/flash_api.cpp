@@ -185,14 +185,7 @@ bool bwd_ws_dq_tma_enabled() {
     return choice == "tma";
 }
 
-bool bwd_ws_overlap_enabled() {
-    const char *env = std::getenv("FLASH_ATTN_BWD_WS_OVERLAP");
-    if (env == nullptr || env[0] == '\0') return false;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1",
-                "flash_attn: FLASH_ATTN_BWD_WS_OVERLAP must be '0' or '1', got '", choice, "'");
-    return choice == "1";
-}
+bool bwd_ws_overlap_enabled() { return env_switch("FLASH_ATTN_BWD_WS_OVERLAP", false); }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.

@@ -232,17 +232,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * kBlockM;
         const float *dsum_stage = smem_dsum + stage * kBlockM;
-        auto alibi_bias = [&](int i) {
-            const int dist = row0 + get<1>(coords_st(i)) + diag - col0 - get<0>(coords_st(i));
-            return score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
-        };
-        if constexpr (kFeat) {
-            if (score_mod.has_softcap()) { score_mod.apply_softcap(acc_s); }
-            if (score_mod.alibi_slope != 0.f) {
-                CUTE_UNROLL
-                for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias(i); }
-            }
-        }
+        if constexpr (kFeat) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL
             for (int i = 0; i < size(acc_s); ++i) {
@@ -286,21 +276,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
             for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) * dp_scale - dsum); }
         }
         if constexpr (kFeat) {
-            if (score_mod.has_softcap()) {
-                // dS *= d tanh(s * softcap_scale) / ds. tanh is recovered from P instead of being
-                // kept in registers: P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e), where
-                // it matters (P not tiny) the recovery is accurate, elsewhere dS ~ P is ~0 anyway.
-                const bool has_alibi = score_mod.alibi_slope != 0.f;
-                CUTE_UNROLL
-                for (int i = 0; i < size(acc_dp); ++i) {
-                    const float lse_log2 = lse_stage[get<1>(coords_st(i))] * kLog2e;
-                    const float p = acc_s(i);
-                    float t = p > 0.f ? (__log2f(p) + lse_log2) / params.scale_softmax_log2 : 1.f;
-                    if (has_alibi) { t -= alibi_bias(i); }
-                    t = fminf(fmaxf(t, -1.f), 1.f);
-                    acc_dp(i) *= (1.f - t * t) * score_mod.softcap_scale;
-                }
-            }
+            score_mod.softcap_grad_t(acc_dp, acc_s, coords_st, row0, col0, params.scale_softmax_log2,
+                                     [&](int i) { return lse_stage[get<1>(coords_st(i))] * kLog2e; });
         }
         Tensor rdS = make_tensor_like<Element>(acc_dp);
         {

@@ -468,18 +468,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
         const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
-        // (key, query) -> alibi_slope * |query + diag - key| (alibi_slope < 0: a penalty).
-        auto alibi_bias = [&](int i) {
-            const int dist = row0 + get<1>(coords_st(i)) + diag - col0 - get<0>(coords_st(i));
-            return score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
-        };
-        if constexpr (Traits::kMod) {
-            if (score_mod.has_softcap()) { score_mod.apply_softcap(acc_s); }
-            if (score_mod.alibi_slope != 0.f) {
-                CUTE_UNROLL
-                for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias(i); }
-            }
-        }
+        if constexpr (Traits::kMod) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
         // The tile's rows past the sequence (see the header) are masked too.
         if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL
@@ -521,22 +510,11 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum); }
         }
         if constexpr (Traits::kMod) {
-            if (score_mod.has_softcap()) {
-                // dS *= d tanh(s * softcap_scale) / ds, tanh recovered from P (as the lock-step
-                // kernel): P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e). Where P is 0
-                // (masked, rows past the sequence) t = 1 and the factor is 0 (dS is 0 there anyway).
-                const bool has_alibi = score_mod.alibi_slope != 0.f;
-                CUTE_UNROLL
-                for (int i = 0; i < size(acc_dp); ++i) {
-                    const int r = get<1>(coords_st(i));
-                    const float lse_log2 = row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f;
-                    const float p = acc_s(i);
-                    float t = p > 0.f ? (__log2f(p) + lse_log2) / params.scale_softmax_log2 : 1.f;
-                    if (has_alibi) { t -= alibi_bias(i); }
-                    t = fminf(fmaxf(t, -1.f), 1.f);
-                    acc_dp(i) *= (1.f - t * t) * score_mod.softcap_scale;
-                }
-            }
+            // Rows past the sequence read LSE 0 (their P is 0 anyway), as above.
+            score_mod.softcap_grad_t(acc_dp, acc_s, coords_st, row0, col0, params.scale_softmax_log2, [&](int i) {
+                const int r = get<1>(coords_st(i));
+                return row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f;
+            });
         }
         Tensor rdS = make_tensor_like<Element>(acc_dp);
         {

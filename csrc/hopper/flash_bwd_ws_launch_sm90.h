@@ -84,9 +84,10 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 // dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
 // dispatch), the dense feature calls with softcap (d128) and / or ALiBi but no dropout and no
 // deterministic dQ, with the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to
-// the lock-step kernel). Both: causal / sliding window, MQA / GQA; plain calls dense or varlen. Not served: K/V-cache refinements (never set by the backward binding, checked anyway),
-// q / dout strides the TMA cannot address (not multiples of 16 bytes), LSE / softmax_d buffers of
-// 2^31 elements or more (1-D TMA coordinates are int32).
+// the lock-step kernel). Both: causal / sliding window, MQA / GQA; plain calls dense or varlen.
+// Not served: K/V-cache refinements (never set by the backward binding, checked anyway), q / dout
+// strides the TMA cannot address (not multiples of 16 bytes), LSE / softmax_d buffers of 2^31
+// elements or more (1-D TMA coordinates are int32).
 template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
@@ -132,30 +133,32 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     const int64_t dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows
                                         : int64_t(params.b) * params.h * params.seqlen_q_rounded;
     if (lse_elems >= (int64_t(1) << 31) || dsum_elems >= (int64_t(1) << 31)) return false;
+    // The score-modifier kernel alone in the _mod translation units: the plain kernels stay out of
+    // them (discarded branch), so that no kernel is compiled twice.
     if constexpr (kMod) {
         bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true>>(
             params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-        return true;
-    }
-    // Each option is its own kernel; the default (no option) is the draft's kernel unchanged.
-    if constexpr (kHeadDim == 64) {
-        if (params.bwd_ws_overlap) {
-            if (params.bwd_ws_dq_tma) {
-                bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/true>>(
-                    params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-            } else {
-                bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/false, /*kOverlap=*/true>>(
-                    params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-            }
-            return true;
-        }
-    }
-    if (params.bwd_ws_dq_tma) {
-        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q, batch_q,
-                                                                                 lse_elems, dsum_elems);
     } else {
-        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim>>(params, stream, rows_q, batch_q, lse_elems,
-                                                                 dsum_elems);
+        // Each option is its own kernel; the default (no option) is the draft's kernel unchanged.
+        if constexpr (kHeadDim == 64) {
+            if (params.bwd_ws_overlap) {
+                if (params.bwd_ws_dq_tma) {
+                    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/true>>(
+                        params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                } else {
+                    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/false, /*kOverlap=*/true>>(
+                        params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                }
+                return true;
+            }
+        }
+        if (params.bwd_ws_dq_tma) {
+            bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q, batch_q,
+                                                                                     lse_elems, dsum_elems);
+        } else {
+            bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim>>(params, stream, rows_q, batch_q, lse_elems,
+                                                                     dsum_elems);
+        }
     }
     return true;
 }
