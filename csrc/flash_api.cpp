@@ -343,6 +343,22 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 #endif
 }
 
+// dq_accum slices of the WS deterministic mode. Key block n adds into slice n % splits, in an order
+// per (slice, query block): more slices mean shorter ordered chains, but each slice is one more
+// zeroed dq_accum to clear and to read in the conversion. Default: the lock-step kernel's choice
+// (one CTA per SM, whole waves). FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at each call) overrides it,
+// for measurement.
+int ws_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_SPLITS");
+    if (env != nullptr && env[0] != '\0') {
+        const std::string choice(env);
+        FLASH_CHECK(choice.size() == 1 && choice[0] >= '1' && choice[0] <= '8',
+                    "flash_attn: FLASH_ATTN_BWD_WS_DET_SPLITS must be an integer from 1 to 8, got '", choice, "'");
+        return choice[0] - '0';
+    }
+    return sm90_deterministic_splits(p, bh, max_seqlen_k, device);
+}
+
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
 // the sm_90a backward and the d = 256 fixed-feature-set kernels, else one int32 counter per (b, h,
 // 64-row block of seqlen_q_rounded rows), returned in `semaphore` (it must outlive the launch).
@@ -353,7 +369,7 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
     if (deterministic && ws_deterministic_serves(p, varlen)) {
         // Warp-specialised backward: zeroed slices (the bulk reduce-add adds into them) and one
         // counter per (slice, b, h, 64-row query block); see BwdParams::bwd_ws_det.
-        const int splits = sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
+        const int splits = ws_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
         shape.insert(shape.begin(), splits);
         at::Tensor dq_accum = at::zeros(shape, q.options().dtype(at::kFloat));
         p.dq_accum_ptr = dq_accum.data_ptr<float>();

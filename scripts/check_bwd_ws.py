@@ -159,11 +159,12 @@ def check_dense(dtype, d, b, sq, sk, h, hk, causal, window=(-1, -1), layout="con
         grads[tag] = g
     if deterministic:
         # The WS kernel serves deterministic calls with the dQ bulk reduce-add (ordered per query
-        # block, BwdWsDqOrder) and declines them with atomics (the lock-step sliced mode runs):
+        # block, BwdWsDqOrder; the default, so "overlap" too) and declines them with atomics (the
+        # lock-step sliced mode runs):
         # dK / dV as in compare_paths, dQ within the rule (another fixed summation order).
         notes = []
         for ws in PATHS[1:]:
-            serves = ws in ("dq_tma", "dq_tma+overlap")
+            serves = ws is not True
             notes.append(f"{path_tag(ws)}: " + compare_paths("dense det", grads["old"], grads[path_tag(ws)], g_ref,
                                                              g_pt, tag=path_tag(ws)))
             assert_kernel(out, (q, k, v), dout, ws, expect_ws=serves)
@@ -293,8 +294,8 @@ def cases():
         ("fp16 d40 -> tile 64", lambda: check_dense(fp, 40, 2, 257, 190, 2, 2, False)),
         ("bf16 d128 strided rows", lambda: check_dense(bf, 128, 2, 300, 300, 4, 2, True, layout="strided")),
         ("bf16 d64 (b,h,s,d) storage", lambda: check_dense(bf, 64, 2, 300, 400, 4, 4, False, layout="bhsd")),
-        ("bf16 d128 deterministic -> declined", lambda: check_dense(bf, 128, 2, 513, 700, 4, 2, True,
-                                                                   deterministic=True)),
+        ("bf16 d128 deterministic (ordered dQ)", lambda: check_dense(bf, 128, 2, 513, 700, 4, 2, True,
+                                                                    deterministic=True)),
         ("varlen bf16 d128 causal gqa", lambda: check_varlen(bf, 128, [1, 17, 300, 129], [5, 300, 17, 129], 6, 2,
                                                               True)),
         ("varlen fp16 d64 full", lambda: check_varlen(fp, 64, [200, 1, 64], [64, 200, 1], 4, 4, False)),

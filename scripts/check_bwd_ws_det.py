@@ -16,7 +16,7 @@ and 20k keys (157 key blocks: more CTAs per (b, h) than SMs, the deadlock case f
 
 Then times default vs deterministic (WS) vs deterministic (lock-step) backwards at bf16 8k.
 
-    python scripts/check_bwd_ws_det.py [--no-bench] [--bench-only] [--timeout 90]
+    python scripts/check_bwd_ws_det.py [--no-bench] [--bench-only] [--timeout 90] [--splits 1,2,4,8]
 """
 
 import argparse
@@ -106,7 +106,7 @@ def run_case(idx):
     return "vs lock-step det: " + ", ".join(notes)
 
 
-def bench():
+def bench(splits=()):
     import torch
     import triton.testing
 
@@ -120,20 +120,24 @@ def bench():
                        for _ in range(3))
             dout = torch.randn_like(q)
             row = []
-            for tag, det, env in (("default", False, {}), ("det WS", True, {}),
-                                  ("det lock-step", True, {"FLASH_ATTN_BWD_WS_DET": "0"})):
+            variants = [("default", False, {}), ("det WS", True, {})]
+            # The slice count of the WS deterministic mode (shorter ordered chains vs more slices
+            # to zero and to sum): FLASH_ATTN_BWD_WS_DET_SPLITS.
+            variants += [(f"s={s}", True, {"FLASH_ATTN_BWD_WS_DET_SPLITS": str(s)}) for s in splits]
+            variants += [("det lock-step", True, {"FLASH_ATTN_BWD_WS_DET": "0"})]
+            for tag, det, env in variants:
                 out = flash_attn_func(q, k, v, causal=causal, deterministic=det)
                 os.environ.update(env)
                 try:
                     ms = triton.testing.do_bench(
-                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=50, rep=300)
+                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150)
                 finally:
                     for k_ in env:
                         os.environ.pop(k_, None)
                 row.append((tag, ms))
             base = row[0][1]
             print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
-                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.2f}x)" for t, ms in row))
+                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
 
 
 def main():
@@ -142,6 +146,7 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--bench-only", action="store_true")
     ap.add_argument("--timeout", type=float, default=90)
+    ap.add_argument("--splits", default="", help="also time these WS slice counts, e.g. 1,2,4,8")
     args = ap.parse_args()
     if args.case is not None:
         print(run_case(args.case))
@@ -161,7 +166,7 @@ def main():
             print(f"{'PASS' if ok else 'FAIL'}  {label:<60} {msg}", flush=True)
         print("ALL PASS" if not failed else f"{failed} FAILED")
     if not args.no_bench and not failed:
-        bench()
+        bench([int(x) for x in args.splits.split(",") if x])
     return 1 if failed else 0
 
 
