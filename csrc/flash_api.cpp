@@ -345,10 +345,14 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 
 // dq_accum slices of the WS deterministic mode. Key block n adds into slice n % splits, in an order
 // per (slice, query block): more slices mean shorter ordered chains, but each slice is one more
-// zeroed dq_accum to clear and to read in the conversion. Default: the lock-step kernel's choice
-// (one CTA per SM, whole waves). FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at each call) overrides it,
-// for measurement.
-int ws_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
+// zeroed dq_accum to clear and to read in the conversion. The chains cost little (each link is one
+// reduce-add round trip, overlapped with the next query block's GEMMs), so few slices win. H200
+// bf16 8k, deterministic bwd / default bwd for 1 / 2 / 4 / 8 slices (docs/results/s9/det_splits.log):
+// d64 1.05 / 1.05 / 1.07 / 1.10, causal 1.05 / 1.06 / 1.09 / 1.15; d128 1.08 / 1.05 / 1.06 / 1.14,
+// causal 1.02 / 1.05 / 1.22 / 1.34. Causal and other bounded-right windows (descending order: a key
+// block's first query block waits for nobody) take 1, the rest 2. FLASH_ATTN_BWD_WS_DET_SPLITS=1..8
+// (read at each call) overrides it, for measurement.
+int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_SPLITS");
     if (env != nullptr && env[0] != '\0') {
         const std::string choice(env);
@@ -356,7 +360,8 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_s
                     "flash_attn: FLASH_ATTN_BWD_WS_DET_SPLITS must be an integer from 1 to 8, got '", choice, "'");
         return choice[0] - '0';
     }
-    return sm90_deterministic_splits(p, bh, max_seqlen_k, device);
+    const bool descending = p.window_right < flash::kWindowUnbounded;  // as bwd_ws_det_descending
+    return descending || max_seqlen_k <= 128 ? 1 : 2;
 }
 
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
@@ -369,7 +374,7 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
     if (deterministic && ws_deterministic_serves(p, varlen)) {
         // Warp-specialised backward: zeroed slices (the bulk reduce-add adds into them) and one
         // counter per (slice, b, h, 64-row query block); see BwdParams::bwd_ws_det.
-        const int splits = ws_deterministic_splits(p, b * h, max_seqlen_k, q.get_device());
+        const int splits = ws_deterministic_splits(p, max_seqlen_k);
         shape.insert(shape.begin(), splits);
         at::Tensor dq_accum = at::zeros(shape, q.options().dtype(at::kFloat));
         p.dq_accum_ptr = dq_accum.data_ptr<float>();
