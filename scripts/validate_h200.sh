@@ -7,6 +7,7 @@
 #                                          # efficient); WS backward self-check; our grid with
 #                                          # the lock-step backward (FLASH_ATTN_BWD_WS=0)
 #   PART=M bash scripts/validate_h200.sh   # head dims 64 / 128 build; suite; feature costs
+#   PART=F bash scripts/validate_h200.sh   # full build; suite; feature costs; WS deterministic check
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -52,6 +53,13 @@ case ${PART:-A} in
     TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat
     TAIL=20 step features_bwd_ws0 40 env FLASH_ATTN_BWD_WS=0 $PY benchmarks/benchmark_attn.py --features \
       --headdims 64,128 --out /tmp/feat0 ;;
+  F)
+    # Session 9 final: full build; the suite; feature costs; the WS deterministic check (cases in
+    # their own processes under a timeout, then default vs deterministic backward times).
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60 ;;
   N)
     # Branch next (session 8 -> 9): the WS backward's deterministic mode (check_bwd_ws_det.py:
     # one process per case under a timeout, since a wrong counter order hangs) and its varlen
