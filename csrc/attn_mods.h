@@ -198,12 +198,17 @@ struct ScoreMod {
         return alibi_slope * float(dist < 0 ? -dist : dist);
     }
     template <typename TensorAcc, typename TensorCoord>
-    __device__ __forceinline__ void apply_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0, int col0) const {
-        if (has_softcap()) { apply_softcap(acc_s); }
+    __device__ __forceinline__ void apply_alibi_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0,
+                                                  int col0) const {
         if (alibi_slope != 0.f) {
             CUTE_UNROLL
             for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias_t(coords_t, i, row0, col0); }
         }
+    }
+    template <typename TensorAcc, typename TensorCoord>
+    __device__ __forceinline__ void apply_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0, int col0) const {
+        if (has_softcap()) { apply_softcap(acc_s); }
+        apply_alibi_t(acc_s, coords_t, row0, col0);
     }
     // acc_ds *= d tanh(s * softcap_scale) / ds. tanh is recovered from P (acc_p) instead of being
     // kept in registers: P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e); where it matters

@@ -8,6 +8,8 @@
 #                                          # the lock-step backward (FLASH_ATTN_BWD_WS=0)
 #   PART=M bash scripts/validate_h200.sh   # head dims 64 / 128 build; suite; feature costs
 #   PART=F bash scripts/validate_h200.sh   # full build; suite; feature costs; WS deterministic check
+#   PART=D bash scripts/validate_h200.sh   # branch ws-bwd-dropout: d64/128 build; its check; suite;
+#                                          # feature costs
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -60,6 +62,15 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60 ;;
+  D)
+    # Branch ws-bwd-dropout (session 9 -> 10): the WS backward's dropout variant. Head dims 64 / 128
+    # (the kernels it touches), its own check (cases in their own processes under a timeout, then
+    # dropout backward times on the WS and the lock-step kernels), the suite, the feature costs.
+    export FLASH_ATTN_HEAD_DIMS=64,128
+    build
+    TAIL=16 step check_bwd_ws_dropout 150 $PY scripts/check_bwd_ws_dropout.py --timeout 60
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat ;;
   N)
     # Branch next (session 8 -> 9): the WS backward's deterministic mode (check_bwd_ws_det.py:
     # one process per case under a timeout, since a wrong counter order hangs) and its varlen

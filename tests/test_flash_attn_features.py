@@ -173,6 +173,23 @@ def test_score_mods_backward_paths(feat, d, bwd_ws, monkeypatch):
         _run(DTYPES[i % 2], d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
 
 
+# Dropout backwards at head dims 64 and 128 (no softcap, not deterministic) run the warp-specialised
+# sm_90a kernel's dropout variant by default and the lock-step feature kernel with
+# FLASH_ATTN_BWD_WS_DROPOUT=0 (read at each call; elsewhere than sm_90 both run the SM80-class
+# kernel). The reference applies the mask recovered from S_dmask.
+DROPOUT_BWD_FEATS = [{"dropout_p": 0.17}, {"dropout_p": 0.3, "alibi": "bh", "window": (40, 8)},
+                     {"dropout_p": 0.1, "alibi": "h", "window": (-1, 0)}]
+
+
+@pytest.mark.parametrize("ws", ["1", "0"], ids=["ws", "lockstep"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("feat", DROPOUT_BWD_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+def test_dropout_backward_paths(feat, d, ws, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_DROPOUT", ws)
+    for i, (sq, sk, causal, b, h, hk) in enumerate(MOD_SHAPES):
+        _run(DTYPES[i % 2], d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+
+
 @pytest.mark.parametrize("variant", ["qkvpacked", "kvpacked"])
 @pytest.mark.parametrize("feat", WINDOW_FEATS[:4] + SOFTCAP_FEATS + ALIBI_FEATS + DROPOUT_FEATS
                          + COMBO_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
