@@ -21,11 +21,13 @@ lock-step kernel.
 
 import argparse
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
+
+from case_processes import run_cases_in_processes  # noqa: E402
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
 CASES = [
@@ -169,18 +171,7 @@ def main():
         return 0
     failed = 0
     if not args.bench_only:
-        for i, c in enumerate(CASES):
-            label = " ".join(str(x) for x in c)
-            try:
-                r = subprocess.run([sys.executable, __file__, "--case", str(i)], capture_output=True, text=True,
-                                   timeout=args.timeout)
-                ok = r.returncode == 0
-                msg = (r.stdout.strip().splitlines() or [""])[-1] if ok else (r.stdout + r.stderr).strip()[-600:]
-            except subprocess.TimeoutExpired:
-                ok, msg = False, f"TIMEOUT after {args.timeout:.0f} s (hang?)"
-            failed += not ok
-            print(f"{'PASS' if ok else 'FAIL'}  {label:<66} {msg}", flush=True)
-        print("ALL PASS" if not failed else f"{failed} FAILED")
+        failed = run_cases_in_processes(__file__, CASES, args.timeout, label_width=66)
     if not args.no_bench and not failed:
         bench()
     return 1 if failed else 0
