@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from case_processes import run_cases_in_processes  # noqa: E402
+from gpu_check_common import bench_backward_variants, run_cases_in_processes  # noqa: E402
 
 RERUNS = 5
 # (dtype, d, b, sq, sk, h, hk, causal, window, feature)
@@ -109,37 +109,12 @@ def run_case(idx):
 
 
 def bench(splits=()):
-    import torch
-    import triton.testing
-
-    from flash_attn import flash_attn_func
-
-    print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
-    for d in (64, 128):
-        for causal in (False, True):
-            h = 2048 // d
-            q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                       for _ in range(3))
-            dout = torch.randn_like(q)
-            row = []
-            variants = [("default", False, {}), ("det WS", True, {})]
-            # The slice count of the WS deterministic mode (shorter ordered chains vs more slices
-            # to zero and to sum): FLASH_ATTN_BWD_WS_DET_SPLITS.
-            variants += [(f"s={s}", True, {"FLASH_ATTN_BWD_WS_DET_SPLITS": str(s)}) for s in splits]
-            variants += [("det lock-step", True, {"FLASH_ATTN_BWD_WS_DET": "0"})]
-            for tag, det, env in variants:
-                out = flash_attn_func(q, k, v, causal=causal, deterministic=det)
-                os.environ.update(env)
-                try:
-                    ms = triton.testing.do_bench(
-                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150)
-                finally:
-                    for k_ in env:
-                        os.environ.pop(k_, None)
-                row.append((tag, ms))
-            base = row[0][1]
-            print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
-                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
+    variants = [("default", {}, {}), ("det WS", {"deterministic": True}, {})]
+    # The slice count of the WS deterministic mode (shorter ordered chains vs more slices to zero
+    # and to sum): FLASH_ATTN_BWD_WS_DET_SPLITS.
+    variants += [(f"s={s}", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET_SPLITS": str(s)}) for s in splits]
+    variants += [("det lock-step", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET": "0"})]
+    bench_backward_variants(variants)
 
 
 def main():

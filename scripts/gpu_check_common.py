@@ -1,0 +1,61 @@
+"""Shared pieces of the GPU check scripts of the warp-specialised backward
+(check_bwd_ws_det.py, check_bwd_ws_dropout.py).
+
+run_cases_in_processes: each case in its own Python process under a timeout, so that a kernel that
+hangs (a wrong barrier or counter order) shows up as a FAIL line instead of stopping the whole
+check; the script re-runs itself with `--case i`.
+
+bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
+not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
+first variant is the baseline of the printed ratios.
+"""
+
+import os
+import subprocess
+import sys
+
+
+def run_cases_in_processes(script, cases, timeout, label_width=60):
+    failed = 0
+    for i, case in enumerate(cases):
+        label = " ".join(str(x) for x in case)
+        try:
+            r = subprocess.run([sys.executable, script, "--case", str(i)], capture_output=True, text=True,
+                               timeout=timeout)
+            ok = r.returncode == 0
+            msg = (r.stdout.strip().splitlines() or [""])[-1] if ok else (r.stdout + r.stderr).strip()[-600:]
+        except subprocess.TimeoutExpired:
+            ok, msg = False, f"TIMEOUT after {timeout:.0f} s (hang?)"
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {label:<{label_width}} {msg}", flush=True)
+    print("ALL PASS" if not failed else f"{failed} FAILED")
+    return failed
+
+
+def bench_backward_variants(variants):
+    import torch
+    import triton.testing
+
+    from flash_attn import flash_attn_func
+
+    print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
+    for d in (64, 128):
+        for causal in (False, True):
+            h = 2048 // d
+            q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            row = []
+            for tag, fwd_kwargs, env in variants:
+                out = flash_attn_func(q, k, v, causal=causal, **fwd_kwargs)
+                os.environ.update(env)
+                try:
+                    ms = triton.testing.do_bench(
+                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150)
+                finally:
+                    for name in env:
+                        os.environ.pop(name, None)
+                row.append((tag, ms))
+            base = row[0][1]
+            print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
+                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
