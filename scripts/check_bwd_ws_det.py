@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, run_cases_in_processes  # noqa: E402
+from gpu_check_common import bench_backward_variants, env_set, run_cases_in_processes  # noqa: E402
 
 RERUNS = 5
 # (dtype, d, b, sq, sk, h, hk, causal, window, feature)
@@ -70,17 +70,9 @@ def run_case(idx):
     out = flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True, **feats)
 
     def bwd(env):
-        old = {k_: os.environ.get(k_) for k_ in env}
-        os.environ.update(env)
-        try:
+        with env_set(env):
             g = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             torch.cuda.synchronize()
-        finally:
-            for k_, v_ in old.items():
-                if v_ is None:
-                    os.environ.pop(k_, None)
-                else:
-                    os.environ[k_] = v_
         return g
 
     ws = [bwd({}) for _ in range(RERUNS)]

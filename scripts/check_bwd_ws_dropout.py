@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, run_cases_in_processes  # noqa: E402
+from gpu_check_common import bench_backward_variants, env_set, run_cases_in_processes  # noqa: E402
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
 CASES = [
@@ -81,9 +81,7 @@ def run_case(idx):
     mask = U.dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()
 
     def bwd(env):
-        old = {k_: os.environ.get(k_) for k_ in env}
-        os.environ.update(env)
-        try:
+        with env_set(env):
             if varlen:
                 dq, dk, dv = (torch.empty_like(t) for t in flat)
                 torch.ops.flash_attn._flash_attn_varlen_backward(
@@ -97,12 +95,6 @@ def run_case(idx):
                     rng_state)
                 g = (dq, dk, dv)
             torch.cuda.synchronize()
-        finally:
-            for k_, v_ in old.items():
-                if v_ is None:
-                    os.environ.pop(k_, None)
-                else:
-                    os.environ[k_] = v_
         return g
 
     ws = bwd({})

@@ -5,14 +5,32 @@ run_cases_in_processes: each case in its own Python process under a timeout, so 
 hangs (a wrong barrier or counter order) shows up as a FAIL line instead of stopping the whole
 check; the script re-runs itself with `--case i`.
 
+env_set: a context manager that sets environment variables (the kernels' run-time switches, read
+by the binding at each call) and restores them after.
+
 bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
 not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
 first variant is the baseline of the printed ratios.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
+
+
+@contextlib.contextmanager
+def env_set(env):
+    old = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run_cases_in_processes(script, cases, timeout, label_width=60):
@@ -48,13 +66,9 @@ def bench_backward_variants(variants):
             row = []
             for tag, fwd_kwargs, env in variants:
                 out = flash_attn_func(q, k, v, causal=causal, **fwd_kwargs)
-                os.environ.update(env)
-                try:
+                with env_set(env):
                     ms = triton.testing.do_bench(
                         lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150)
-                finally:
-                    for name in env:
-                        os.environ.pop(name, None)
                 row.append((tag, ms))
             base = row[0][1]
             print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
