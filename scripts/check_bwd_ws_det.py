@@ -19,7 +19,6 @@ Then times default vs deterministic (WS) vs deterministic (lock-step) backwards 
     python scripts/check_bwd_ws_det.py [--no-bench] [--bench-only] [--timeout 90] [--splits 1,2,4,8]
 """
 
-import argparse
 import os
 import sys
 
@@ -27,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, env_set, run_cases_in_processes  # noqa: E402
+from gpu_check_common import bench_backward_variants, check_main, env_set  # noqa: E402
 
 RERUNS = 5
 # (dtype, d, b, sq, sk, h, hk, causal, window, feature)
@@ -110,22 +109,10 @@ def bench(splits=()):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", type=int)
-    ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--bench-only", action="store_true")
-    ap.add_argument("--timeout", type=float, default=90)
-    ap.add_argument("--splits", default="", help="also time these WS slice counts, e.g. 1,2,4,8")
-    args = ap.parse_args()
-    if args.case is not None:
-        print(run_case(args.case))
-        return 0
-    failed = 0
-    if not args.bench_only:
-        failed = run_cases_in_processes(__file__, CASES, args.timeout, label_width=60)
-    if not args.no_bench and not failed:
-        bench([int(x) for x in args.splits.split(",") if x])
-    return 1 if failed else 0
+    return check_main(__file__, CASES, run_case, lambda args: bench([int(x) for x in args.splits.split(",") if x]),
+                      default_timeout=90, label_width=60,
+                      add_args=lambda ap: ap.add_argument("--splits", default="",
+                                                          help="also time these WS slice counts, e.g. 1,2,4,8"))
 
 
 if __name__ == "__main__":

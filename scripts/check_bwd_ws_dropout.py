@@ -19,7 +19,6 @@ lock-step kernel.
     python scripts/check_bwd_ws_dropout.py [--no-bench] [--bench-only] [--timeout 60]
 """
 
-import argparse
 import os
 import sys
 
@@ -27,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, env_set, run_cases_in_processes  # noqa: E402
+from gpu_check_common import bench_backward_variants, check_main, env_set  # noqa: E402
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
 CASES = [
@@ -127,21 +126,7 @@ def bench():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", type=int)
-    ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--bench-only", action="store_true")
-    ap.add_argument("--timeout", type=float, default=60)
-    args = ap.parse_args()
-    if args.case is not None:
-        print(run_case(args.case))
-        return 0
-    failed = 0
-    if not args.bench_only:
-        failed = run_cases_in_processes(__file__, CASES, args.timeout, label_width=66)
-    if not args.no_bench and not failed:
-        bench()
-    return 1 if failed else 0
+    return check_main(__file__, CASES, run_case, lambda args: bench(), default_timeout=60, label_width=66)
 
 
 if __name__ == "__main__":

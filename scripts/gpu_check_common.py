@@ -8,11 +8,15 @@ check; the script re-runs itself with `--case i`.
 env_set: a context manager that sets environment variables (the kernels' run-time switches, read
 by the binding at each call) and restores them after.
 
+check_main: the command line shared by those scripts ([--no-bench] [--bench-only] [--timeout s],
+`--case i` for the per-process runs, plus the script's own options).
+
 bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
 not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
 first variant is the baseline of the printed ratios.
 """
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -73,3 +77,25 @@ def bench_backward_variants(variants):
             base = row[0][1]
             print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
                   "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
+
+
+def check_main(script, cases, run_case, bench, default_timeout, label_width=60, add_args=None):
+    """Runs `run_case(i)` (with --case i), or every case in its own process and then `bench(args)`
+    unless a case failed; returns the exit status."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", type=int)
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--bench-only", action="store_true")
+    ap.add_argument("--timeout", type=float, default=default_timeout)
+    if add_args is not None:
+        add_args(ap)
+    args = ap.parse_args()
+    if args.case is not None:
+        print(run_case(args.case))
+        return 0
+    failed = 0
+    if not args.bench_only:
+        failed = run_cases_in_processes(script, cases, args.timeout, label_width=label_width)
+    if not args.no_bench and not failed:
+        bench(args)
+    return 1 if failed else 0
