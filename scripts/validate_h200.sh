@@ -10,6 +10,7 @@
 #   PART=F bash scripts/validate_h200.sh   # full build; suite; feature costs; WS deterministic check
 #   PART=D bash scripts/validate_h200.sh   # branch next (s9): d64/128 build; dropout checks; features
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
+#   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -76,6 +77,12 @@ case ${PART:-A} in
     export FLASH_ATTN_HEAD_DIMS=64,128
     built || build
     TAIL=3 step test 250 $PY -m pytest tests -q -x ;;
+  P)
+    # Profile: our backward against SDPA-flash's (upstream FA2) with ncu, d256 (the SM80-class
+    # backward, 0.77x FA2 with the same tiles) and d128 (the WS kernel) for reference.
+    built || build
+    TAIL=60 step ncu_bwd_d256 300 env D=256 bash scripts/ncu_bwd_compare.sh
+    TAIL=10 step ncu_bwd_d128 200 env D=128 bash scripts/ncu_bwd_compare.sh ;;
   N)
     # Branch next (session 8 -> 9): the WS backward's deterministic mode (check_bwd_ws_det.py:
     # one process per case under a timeout, since a wrong counter order hangs) and its varlen
