@@ -123,7 +123,8 @@ def _extensions():
                             for variant in ("", "_feat")]
             if "90" in archs and d in (64, 128):
                 # The warp-specialised sm_90a backward (hopper/flash_bwd_ws_*; default on,
-                # FLASH_ATTN_BWD_WS=0 turns it off): plain and softcap / ALiBi ("_mod") calls.
+                # FLASH_ATTN_BWD_WS=0 turns it off): plain and softcap / ALiBi / deterministic
+                # ("_mod") calls.
                 sources += [f"csrc/instantiations/flash_bwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
                             for variant in ("", "_mod")]
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")

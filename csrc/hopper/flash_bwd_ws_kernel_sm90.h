@@ -1,5 +1,5 @@
 // Warp-specialised sm_90a backward (FA3-style): the plain calls and (Traits::kMod) those with
-// softcap and / or ALiBi; dropout and deterministic dQ stay on flash_bwd_kernel_sm90.h. The
+// softcap and / or ALiBi and the deterministic dQ; dropout stays on flash_bwd_kernel_sm90.h. The
 // default for the calls it serves since session 8; FLASH_ATTN_BWD_WS=0 selects the lock-step kernel.
 //
 // One CTA per (128-key block, batch, query head), walking the 64-row query blocks that can see its

@@ -1,7 +1,8 @@
 // Launch of the warp-specialised sm_90a backward (flash_bwd_ws_kernel_sm90.h): tile configuration
 // per head dim, the TMA descriptors over q / dout (dense (b, s, h, d) or varlen packed (total, h,
 // d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
-// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain) and *_mod.cu (softcap / ALiBi);
+// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain) and *_mod.cu (softcap / ALiBi /
+// deterministic);
 // called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set (the default;
 // FLASH_ATTN_BWD_WS=0 turns it off).
 #pragma once
@@ -82,9 +83,9 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 // Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
 // the lock-step sm_90a backward. Served: kMod = false, the plain backward (no softcap / ALiBi /
 // dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
-// dispatch), the dense feature calls with softcap (d128) and / or ALiBi but no dropout and no
-// deterministic dQ, with the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to
-// the lock-step kernel). Both: causal / sliding window, MQA / GQA; plain calls dense or varlen.
+// dispatch), the calls with softcap (d128) and / or ALiBi, or deterministic (dense), but no
+// dropout, with the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to the
+// lock-step kernel). Both: causal / sliding window, MQA / GQA, dense or varlen.
 // Not served: K/V-cache refinements (never set by the backward binding, checked anyway), q / dout
 // strides the TMA cannot address (not multiples of 16 bytes), LSE / softmax_d buffers of 2^31
 // elements or more (1-D TMA coordinates are int32).
@@ -92,10 +93,10 @@ template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
     const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
-    // kMod: dense and varlen calls (branch ws-bwd-mod-varlen: varlen not GPU-run yet), no softcap at d64,
-    // where the WS kernel's extra MUFU work (tanh, and log2 to recover it) made the H200's softcap
-    // backward slower than the lock-step kernel's (bf16 8k: 15.9 vs 13.7 ms; d128: 9.4 vs 10.4 ms;
-    // ALiBi: d64 9.5 vs 10.0 ms, d128 6.3 vs 7.7 ms; docs/results/s8/mod_features.log).
+    // kMod: no softcap at d64, where the WS kernel's extra MUFU work (tanh, and log2 to recover
+    // it) made the H200's softcap backward slower than the lock-step kernel's (bf16 8k: 15.9 vs
+    // 13.7 ms; d128: 9.4 vs 10.4 ms; ALiBi: d64 9.5 vs 10.0 ms, d128 6.3 vs 7.7 ms;
+    // docs/results/s8/mod_features.log).
     // Deterministic calls: only those the binding prepared for this kernel (params.bwd_ws_det:
     // zeroed dq_accum slices and counters, dense, dQ bulk reduce-add); they come through the
     // feature dispatch (kMod), with or without score modifiers.

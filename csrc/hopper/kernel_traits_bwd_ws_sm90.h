@@ -39,8 +39,8 @@ enum class BwdWsBarrier : uint32_t {
 // kDqTma: dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued
 // by warp 1 of the producer warpgroup, instead of per-thread fp32 atomics. kOverlap: each query
 // block's dQ write-out is deferred until the next block's S^T / dP^T GEMMs are issued, so that
-// it overlaps them. kMod: softcap and ALiBi (the score modifiers of attn_mods.h; no dropout, no
-// deterministic dQ: those calls stay on the lock-step feature kernel).
+// it overlaps them. kMod: softcap and ALiBi (the score modifiers of attn_mods.h) and the
+// deterministic dQ; dropout calls stay on the lock-step feature kernel.
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
           bool kMod_ = false>
 struct BwdWsTraitsSm90 : BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_> {
