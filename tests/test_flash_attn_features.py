@@ -154,7 +154,7 @@ def test_combinations(feat, dtype, d, sq, sk, causal, b, h, hk):
 
 
 # Softcap / ALiBi backwards at head dims 64 and 128 (multiples of 8) run the warp-specialised
-# sm_90a kernel's score-modifier variant by default (dense calls; softcap at d128 only) and the
+# sm_90a kernel's score-modifier variant by default (softcap at d128 only) and the
 # lock-step feature kernel with FLASH_ATTN_BWD_WS=0 (read at each call; elsewhere than sm_90 both
 # run the SM80-class kernel).
 # The rotated sweeps above meet d = 64 not at all (their head dims: 32, 59, 96, 128, 256).
