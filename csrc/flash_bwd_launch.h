@@ -16,8 +16,8 @@ namespace flash {
 
 #ifdef FLASH_ATTN_SM90A
 // The warp-specialised sm_90a backward (hopper/flash_bwd_ws_launch_sm90.h; head-dim tiles 64 and
-// 128; kMod = false: plain calls, true: softcap / ALiBi calls), instantiated in its own
-// translation units (instantiations/flash_bwd_ws_sm90_hdim*_*.cu, *_mod.cu). Run when
+// 128; kMod = false: plain calls, true: softcap / ALiBi / deterministic calls), instantiated in
+// its own translation units (instantiations/flash_bwd_ws_sm90_hdim*_*.cu, *_mod.cu). Run when
 // params.bwd_ws (the default; FLASH_ATTN_BWD_WS=0 turns it off); it returns false, launching
 // nothing, for the calls it does not serve.
 template <typename Element, int kHeadDim, bool kMod>

@@ -46,8 +46,11 @@ namespace fwd_ws_detail {
 inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
 inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
 
-// kMayPersist: also compile the persistent kernel (plain variant, default tiles only).
-template <typename Traits, bool kFeat, bool kMayPersist = !kFeat>
+// kMayPersist: also compile the persistent kernel (plain variant, default tiles only). Off: the
+// binding refuses FLASH_ATTN_FWD_WS_PERSISTENT=1 until the kernel's hang is fixed (a CTA walking
+// a second tile, docs/perf-notes.md), so no build compiles a kernel that cannot run; the debug
+// branch (ws-persistent-debug) turns it on.
+template <typename Traits, bool kFeat, bool kMayPersist = false>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
     FwdWsKernelParams<Traits> kp{};
@@ -72,10 +75,10 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
     constexpr int smem_size = Traits::template kSmemSizeFor<kFeat>;
     static_assert(smem_size <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
-    // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, default on; plain
-    // variant): one CTA per SM walking the tiles, so that a tile's epilogue and the next tile's
-    // first loads overlap (the producer runs ahead into the next tile's K / V while the consumers
-    // store O) and no CTA launch / prologue per tile.
+    // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, refused for now; plain
+    // variant, kMayPersist): one CTA per SM walking the tiles, so that a tile's epilogue and the
+    // next tile's first loads overlap (the producer runs ahead into the next tile's K / V while the
+    // consumers store O) and no CTA launch / prologue per tile.
     const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
     const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
     const bool persistent = kMayPersist && params.fwd_ws_persistent && num_tiles < (int64_t(1) << 31);
