@@ -123,10 +123,10 @@ def _extensions():
                             for variant in ("", "_feat")]
             if "90" in archs and d in (64, 128):
                 # The warp-specialised sm_90a backward (hopper/flash_bwd_ws_*; default on,
-                # FLASH_ATTN_BWD_WS=0 turns it off): plain and softcap / ALiBi / deterministic
-                # ("_mod") calls.
+                # FLASH_ATTN_BWD_WS=0 turns it off): plain, softcap / ALiBi / deterministic ("_mod")
+                # and dropout ("_drop") calls.
                 sources += [f"csrc/instantiations/flash_bwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
-                            for variant in ("", "_mod")]
+                            for variant in ("", "_mod", "_drop")]
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

@@ -2,9 +2,9 @@
 // (Not named features.h: with -I csrc that would shadow glibc's <features.h>.)
 //
 // Dropout mask. Element (row, col) of head (b, h) is kept iff byte `byte_of(row, col)` of
-//   Philox4x32-10(key = seed, counter = (offset / 4 + 4 * (col / 128) + (col / 8) % 4,   [x, y: 64-bit]
-//                                        16-row block * 32 + lane(row, col),            [z]
-//                                        b * nheads + h))                               [w]
+//   Philox4x32-7(key = seed, counter = (offset / 4 + 4 * (col / 128) + (col / 8) % 4,    [x, y: 64-bit]
+//                                       16-row block * 32 + lane(row, col),             [z]
+//                                       b * nheads + h))                                [w]
 // is below dropout_keep_threshold, where lane(row, col) = (row % 8) * 4 + (col % 8) / 2 and
 // byte_of(row, col) = ((col % 128) / 32) * 4 + ((row % 16) / 8) * 2 + col % 2.
 // It is a pure function of (seed, offset, b, h, row, col), so the forward and the backward agree
@@ -13,6 +13,10 @@
 // apart, which is exactly what a thread owns whenever its warp's atoms along N are 8, 16 or 32
 // columns apart (1, 2 or 4 warps along N) inside a 128-column-aligned group. (Upstream's mask
 // differs; only the convention "dropped = negative in S_dmask" is shared.)
+// Seven Philox rounds, as upstream flash-attn's own Philox (csrc/flash_attn/src/philox.cuh: six
+// rounds with key bumps, then one), not cuRAND's ten: Salmon et al. (SC'11) find Philox4x32
+// Crush-resistant from 7 rounds and add three as a safety margin, and on the H200 the rounds'
+// 32x32 -> 64-bit multiplies are what dropout costs (docs/perf-notes.md).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +29,9 @@ namespace flash {
 
 using namespace cute;
 
-// ---- Philox4x32-10 (Salmon et al., SC'11) -------------------------------------------------------
+// ---- Philox4x32-R (Salmon et al., SC'11); R = kPhiloxRounds for the dropout mask -----------------
+
+constexpr int kPhiloxRounds = 7;
 
 __host__ __device__ __forceinline__ uint32_t mulhi32(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
@@ -35,11 +41,12 @@ __host__ __device__ __forceinline__ uint32_t mulhi32(uint32_t a, uint32_t b) {
 #endif
 }
 
-__host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
+template <int kRounds = kPhiloxRounds>
+__host__ __device__ __forceinline__ uint4 philox4x32(uint4 ctr, uint32_t k0, uint32_t k1) {
     constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
     constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 #pragma unroll
-    for (int r = 0; r < 10; ++r) {
+    for (int r = 0; r < kRounds; ++r) {
         const uint32_t hi0 = mulhi32(kM0, ctr.x), lo0 = kM0 * ctr.x;
         const uint32_t hi1 = mulhi32(kM1, ctr.z), lo1 = kM1 * ctr.z;
         ctr = make_uint4(hi1 ^ ctr.y ^ k0, lo1, hi0 ^ ctr.w ^ k1, lo0);
@@ -63,7 +70,7 @@ __host__ __device__ __forceinline__ int dropout_byte_of(int row, int col) {
 // Reference form, one element at a time (host-side checks and documentation).
 __host__ __device__ inline bool dropout_keep_ref(uint64_t seed, uint64_t offset, uint32_t bh, int row, int col,
                                                  uint32_t threshold) {
-    const uint4 r = philox4x32_10(dropout_counter(offset / 4, bh, row, col), uint32_t(seed), uint32_t(seed >> 32));
+    const uint4 r = philox4x32(dropout_counter(offset / 4, bh, row, col), uint32_t(seed), uint32_t(seed >> 32));
     const int byte = dropout_byte_of(row, col);
     const uint32_t word = byte < 4 ? r.x : byte < 8 ? r.y : byte < 12 ? r.z : r.w;
     return ((word >> (8 * (byte % 4))) & 0xffu) < threshold;
@@ -127,7 +134,7 @@ struct Dropout {
             for (int g = 0; g < kGroups; ++g) {
                 const int row = row0 + get<0>(coords(0, m, g));
                 const int col = col0 + get<1>(coords(0, m, g));
-                const uint4 r = philox4x32_10(dropout_counter(base, bh, row, col), k0, k1);
+                const uint4 r = philox4x32(dropout_counter(base, bh, row, col), k0, k1);
                 const int j0 = (col % 128) / 32;
                 CUTE_UNROLL
                 for (int t = 0; t < kMmaN / kGroups; ++t) {
@@ -198,12 +205,17 @@ struct ScoreMod {
         return alibi_slope * float(dist < 0 ? -dist : dist);
     }
     template <typename TensorAcc, typename TensorCoord>
-    __device__ __forceinline__ void apply_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0, int col0) const {
-        if (has_softcap()) { apply_softcap(acc_s); }
+    __device__ __forceinline__ void apply_alibi_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0,
+                                                  int col0) const {
         if (alibi_slope != 0.f) {
             CUTE_UNROLL
             for (int i = 0; i < size(acc_s); ++i) { acc_s(i) += alibi_bias_t(coords_t, i, row0, col0); }
         }
+    }
+    template <typename TensorAcc, typename TensorCoord>
+    __device__ __forceinline__ void apply_t(TensorAcc &acc_s, TensorCoord const &coords_t, int row0, int col0) const {
+        if (has_softcap()) { apply_softcap(acc_s); }
+        apply_alibi_t(acc_s, coords_t, row0, col0);
     }
     // acc_ds *= d tanh(s * softcap_scale) / ds. tanh is recovered from P (acc_p) instead of being
     // kept in registers: P = exp2((t + alibi) * scale_softmax_log2 - LSE log2e); where it matters

@@ -188,6 +188,9 @@ struct BwdParams : FwdParams {
     // If the WS kernel declines the call after all, the lock-step kernel's sliced mode runs on the
     // same zeroed slices. (In the padding after bwd_ws_overlap.)
     bool bwd_ws_det;
+    // Dropout calls on the warp-specialised sm_90a backward (its kDropout kernel): set by the
+    // binding from FLASH_ATTN_BWD_WS_DROPOUT (default on). (In the padding after bwd_ws_det.)
+    bool bwd_ws_dropout;
     int dq_slice_block_m, dq_slice_block_n;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with

@@ -22,6 +22,9 @@ namespace flash {
 // nothing, for the calls it does not serve.
 template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream);
+// Its dropout calls (kFeat with dropout; instantiations/flash_bwd_ws_sm90_hdim*_*_drop.cu).
+template <typename Element, int kHeadDim>
+bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
 #endif
 
 template <typename Traits, bool kFeat, int kStatic = 0>
@@ -86,7 +89,12 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHasSm90Bwd<kHeadDim>) {
         if (params.use_sm90) {
-            if (params.bwd_ws && run_mha_bwd_ws_sm90<Element, kHeadDim, kFeat>(params, stream)) return;
+            if (params.bwd_ws) {
+                if constexpr (kFeat) {
+                    if (params.p_dropout > 0.f && run_mha_bwd_ws_sm90_dropout<Element, kHeadDim>(params, stream)) return;
+                }
+                if (run_mha_bwd_ws_sm90<Element, kHeadDim, kFeat>(params, stream)) return;
+            }
             run_mha_bwd_sm90<Element, kHeadDim, kFeat>(params, stream);
             return;
         }

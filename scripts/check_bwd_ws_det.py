@@ -19,13 +19,14 @@ Then times default vs deterministic (WS) vs deterministic (lock-step) backwards 
     python scripts/check_bwd_ws_det.py [--no-bench] [--bench-only] [--timeout 90] [--splits 1,2,4,8]
 """
 
-import argparse
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
+
+from gpu_check_common import bench_backward_variants, check_main, env_set  # noqa: E402
 
 RERUNS = 5
 # (dtype, d, b, sq, sk, h, hk, causal, window, feature)
@@ -68,17 +69,9 @@ def run_case(idx):
     out = flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True, **feats)
 
     def bwd(env):
-        old = {k_: os.environ.get(k_) for k_ in env}
-        os.environ.update(env)
-        try:
+        with env_set(env):
             g = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             torch.cuda.synchronize()
-        finally:
-            for k_, v_ in old.items():
-                if v_ is None:
-                    os.environ.pop(k_, None)
-                else:
-                    os.environ[k_] = v_
         return g
 
     ws = [bwd({}) for _ in range(RERUNS)]
@@ -107,67 +100,19 @@ def run_case(idx):
 
 
 def bench(splits=()):
-    import torch
-    import triton.testing
-
-    from flash_attn import flash_attn_func
-
-    print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
-    for d in (64, 128):
-        for causal in (False, True):
-            h = 2048 // d
-            q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                       for _ in range(3))
-            dout = torch.randn_like(q)
-            row = []
-            variants = [("default", False, {}), ("det WS", True, {})]
-            # The slice count of the WS deterministic mode (shorter ordered chains vs more slices
-            # to zero and to sum): FLASH_ATTN_BWD_WS_DET_SPLITS.
-            variants += [(f"s={s}", True, {"FLASH_ATTN_BWD_WS_DET_SPLITS": str(s)}) for s in splits]
-            variants += [("det lock-step", True, {"FLASH_ATTN_BWD_WS_DET": "0"})]
-            for tag, det, env in variants:
-                out = flash_attn_func(q, k, v, causal=causal, deterministic=det)
-                os.environ.update(env)
-                try:
-                    ms = triton.testing.do_bench(
-                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150)
-                finally:
-                    for k_ in env:
-                        os.environ.pop(k_, None)
-                row.append((tag, ms))
-            base = row[0][1]
-            print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
-                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
+    variants = [("default", {}, {}), ("det WS", {"deterministic": True}, {})]
+    # The slice count of the WS deterministic mode (shorter ordered chains vs more slices to zero
+    # and to sum): FLASH_ATTN_BWD_WS_DET_SPLITS.
+    variants += [(f"s={s}", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET_SPLITS": str(s)}) for s in splits]
+    variants += [("det lock-step", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET": "0"})]
+    bench_backward_variants(variants)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", type=int)
-    ap.add_argument("--no-bench", action="store_true")
-    ap.add_argument("--bench-only", action="store_true")
-    ap.add_argument("--timeout", type=float, default=90)
-    ap.add_argument("--splits", default="", help="also time these WS slice counts, e.g. 1,2,4,8")
-    args = ap.parse_args()
-    if args.case is not None:
-        print(run_case(args.case))
-        return 0
-    failed = 0
-    if not args.bench_only:
-        for i, c in enumerate(CASES):
-            label = " ".join(str(x) for x in c)
-            try:
-                r = subprocess.run([sys.executable, __file__, "--case", str(i)], capture_output=True, text=True,
-                                   timeout=args.timeout)
-                ok = r.returncode == 0
-                msg = (r.stdout.strip().splitlines() or [""])[-1] if ok else (r.stdout + r.stderr).strip()[-600:]
-            except subprocess.TimeoutExpired:
-                ok, msg = False, f"TIMEOUT after {args.timeout:.0f} s (hang?)"
-            failed += not ok
-            print(f"{'PASS' if ok else 'FAIL'}  {label:<60} {msg}", flush=True)
-        print("ALL PASS" if not failed else f"{failed} FAILED")
-    if not args.no_bench and not failed:
-        bench([int(x) for x in args.splits.split(",") if x])
-    return 1 if failed else 0
+    return check_main(__file__, CASES, run_case, lambda args: bench([int(x) for x in args.splits.split(",") if x]),
+                      default_timeout=90, label_width=60,
+                      add_args=lambda ap: ap.add_argument("--splits", default="",
+                                                          help="also time these WS slice counts, e.g. 1,2,4,8"))
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ int main() {
             const int r8 = tidx % 8, h = (tidx / 8) % 2, c32 = (tidx / 16) % 4, c4 = tidx / 64;
             const uint64_t x = base + uint64_t(4 * n_block + c32);
             const uint32_t z = uint32_t(m_block) * 128u + uint32_t(64 * h + 4 * r8 + c4);
-            const uint4 r0 = philox4x32_10(make_uint4(uint32_t(x), uint32_t(x >> 32), z, bh), k0, k1);
-            const uint4 r1 = philox4x32_10(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, bh), k0, k1);
+            const uint4 r0 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z, bh), k0, k1);
+            const uint4 r1 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, bh), k0, k1);
             const int d = DropoutBwdLayout2::index(4 * c32 + c4, r8, 2 * h);
             for (int w = 0; w < 4; ++w) {
                 flags[d + 512 * w] = pick_word(r0, w); flags[d + 512 * w + 1] = pick_word(r1, w);

@@ -70,10 +70,11 @@ bool check_bwd(const char *name) {
 
 int main() {
     using T = cutlass::bfloat16_t;
-    // Reference Philox4x32-10 known-answer tests (Random123 kat_vectors).
-    const uint4 z = philox4x32_10(make_uint4(0, 0, 0, 0), 0, 0);
-    const uint4 f = philox4x32_10(make_uint4(~0u, ~0u, ~0u, ~0u), ~0u, ~0u);
-    const uint4 p = philox4x32_10(make_uint4(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u), 0xa4093822u,
+    // Reference Philox4x32-10 known-answer tests (Random123 kat_vectors): the round function that
+    // the mask's 7-round Philox (kPhiloxRounds) iterates.
+    const uint4 z = philox4x32<10>(make_uint4(0, 0, 0, 0), 0, 0);
+    const uint4 f = philox4x32<10>(make_uint4(~0u, ~0u, ~0u, ~0u), ~0u, ~0u);
+    const uint4 p = philox4x32<10>(make_uint4(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u), 0xa4093822u,
                                   0x299f31d0u);
     bool ok = z.x == 0x6627e8d5u && z.y == 0xe169c58du && z.z == 0xbc57ac4cu && z.w == 0x9b00dbd8u;
     ok &= f.x == 0x408f276du && f.y == 0x41c83b0eu && f.z == 0xa20bc7c6u && f.w == 0x6d5451fdu;

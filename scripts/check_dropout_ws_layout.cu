@@ -68,7 +68,7 @@ bool check(const char *name, int n_block_min, int n_block_max) {
                             if ((ctr.x != ref_ctr.x || ctr.y != ref_ctr.y || ctr.z != ref_ctr.z || ctr.w != ref_ctr.w) &&
                                 bad++ < 5)
                                 std::printf("  %s: counter mismatch thread %d g %d\n", name, tid, g);
-                            flags[g] = philox4x32_10(ctr, uint32_t(kSeed), uint32_t(kSeed >> 32));
+                            flags[g] = philox4x32(ctr, uint32_t(kSeed), uint32_t(kSeed >> 32));
                         }
                     }
                     const bool upper_half = kBlockN == 64 && col0 % 128 != 0;

@@ -107,8 +107,12 @@ def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None, window
     return out.to(dtype_og), lse
 
 
-def philox4x32_10(ctr, key):
-    """Philox4x32-10 on numpy uint64 arrays holding 32-bit words: ctr (4, ...), key (2, ...)."""
+PHILOX_ROUNDS = 7  # the kernels' dropout mask (csrc/attn_mods.h kPhiloxRounds)
+
+
+def philox4x32(ctr, key, rounds=PHILOX_ROUNDS):
+    """Philox4x32 with `rounds` rounds on numpy uint64 arrays holding 32-bit words: ctr (4, ...),
+    key (2, ...)."""
     import numpy as np
 
     M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
@@ -116,7 +120,7 @@ def philox4x32_10(ctr, key):
     mask = np.uint64(0xFFFFFFFF)
     c0, c1, c2, c3 = [np.asarray(c, dtype=np.uint64) & mask for c in ctr]
     k0, k1 = [np.asarray(k, dtype=np.uint64) & mask for k in key]
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = M0 * c0, M1 * c2  # < 2^64: exact
         c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & mask,
                           (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & mask)
@@ -140,7 +144,7 @@ def dropout_keep_ref(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p)
     shape = (batch, nheads, seqlen_q, seqlen_k)
     x, z, w = [np.broadcast_to(a, shape) for a in (x, z, w)]
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    words = philox4x32_10((x & np.uint64(0xFFFFFFFF), x >> np.uint64(32), z, w),
+    words = philox4x32((x & np.uint64(0xFFFFFFFF), x >> np.uint64(32), z, w),
                           (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
     byte = ((col % np.uint64(128)) // np.uint64(32)) * np.uint64(4) + \
         ((row % np.uint64(16)) // np.uint64(8)) * np.uint64(2) + col % np.uint64(2)

@@ -153,13 +153,16 @@ def test_combinations(feat, dtype, d, sq, sk, causal, b, h, hk):
     _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
 
 
-# Softcap / ALiBi backwards at head dims 64 and 128 (multiples of 8) run the warp-specialised
-# sm_90a kernel's score-modifier variant by default (softcap at d128 only) and the
-# lock-step feature kernel with FLASH_ATTN_BWD_WS=0 (read at each call; elsewhere than sm_90 both
-# run the SM80-class kernel).
+# Softcap / ALiBi and dropout backwards at head dims 64 and 128 (multiples of 8) run the
+# warp-specialised sm_90a kernel's score-modifier variant (softcap at d128 only) and its dropout
+# variant by default, and the lock-step feature kernel with FLASH_ATTN_BWD_WS=0 (read at each call;
+# elsewhere than sm_90 both run the SM80-class kernel). Dropout: the reference applies the mask
+# recovered from S_dmask.
 # The rotated sweeps above meet d = 64 not at all (their head dims: 32, 59, 96, 128, 256).
 MOD_FEATS = [{"softcap": 5.0}, {"alibi": "h"}, {"alibi": "bh", "window": (32, 32)},
-             {"softcap": 8.0, "alibi": "bh", "window": (60, 12)}]
+             {"softcap": 8.0, "alibi": "bh", "window": (60, 12)},
+             {"dropout_p": 0.17}, {"dropout_p": 0.3, "alibi": "bh", "window": (40, 8)},
+             {"dropout_p": 0.1, "alibi": "h", "window": (-1, 0)}]
 MOD_SHAPES = [(113, 203, False, 2, 6, 2), (239, 113, True, 1, 4, 1), (1, 77, False, 1, 4, 4),
               (317, 1000, True, 2, 6, 2)]
 
@@ -167,7 +170,7 @@ MOD_SHAPES = [(113, 203, False, 2, 6, 2), (239, 113, True, 1, 4, 1), (1, 77, Fal
 @pytest.mark.parametrize("bwd_ws", ["1", "0"], ids=["ws", "lockstep"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("feat", MOD_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
-def test_score_mods_backward_paths(feat, d, bwd_ws, monkeypatch):
+def test_feature_backward_paths(feat, d, bwd_ws, monkeypatch):
     monkeypatch.setenv("FLASH_ATTN_BWD_WS", bwd_ws)
     for i, (sq, sk, causal, b, h, hk) in enumerate(MOD_SHAPES):
         _run(DTYPES[i % 2], d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))

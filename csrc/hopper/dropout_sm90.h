@@ -68,7 +68,7 @@ __forceinline__ __device__ void dropout_fwd_generate(Dropout const &dropout, Ten
     for (int g = 0; g < 4; ++g) {
         const int row = row0 + get<0>(coords(4 * g));
         const int col = col0 - col0 % 128 + get<1>(coords(4 * g));  // (col / 8) % 4 == g
-        uint4 r = philox4x32_10(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
+        uint4 r = philox4x32(dropout_counter(dropout.base, dropout.bh, row, col), dropout.k0, dropout.k1);
         r = make_uint4(drop_flags(r.x), drop_flags(r.y), drop_flags(r.z), drop_flags(r.w));
         flags[g * kThreads + tidx] = r;
     }
@@ -88,7 +88,7 @@ __forceinline__ __device__ void dropout_fwd_generate_group(Dropout const &dropou
     for (int g = 0; g < 4; ++g) {
         const int row = row0 + get<0>(coords(4 * g));
         const int c = get<1>(coords(4 * g));  // 8 g + 2 (lane % 4): (c / 8) % 4 == g
-        uint4 r = philox4x32_10(dropout_counter(base, dropout.bh, row, c), dropout.k0, dropout.k1);
+        uint4 r = philox4x32(dropout_counter(base, dropout.bh, row, c), dropout.k0, dropout.k1);
         r = make_uint4(drop_flags(r.x), drop_flags(r.y), drop_flags(r.z), drop_flags(r.w));
         flags[g * kThreads + tidx] = r;
     }
@@ -145,8 +145,8 @@ __forceinline__ __device__ void dropout_bwd_generate2(Dropout const &dropout, ui
     // + 4 r8 + c4.
     const uint64_t x = dropout.base + uint64_t(4 * n_block + c32);
     const uint32_t z = uint32_t(m_block) * 128u + uint32_t(64 * h + 4 * r8 + c4);
-    const uint4 r0 = philox4x32_10(make_uint4(uint32_t(x), uint32_t(x >> 32), z, dropout.bh), dropout.k0, dropout.k1);
-    const uint4 r1 = philox4x32_10(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, dropout.bh), dropout.k0,
+    const uint4 r0 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z, dropout.bh), dropout.k0, dropout.k1);
+    const uint4 r1 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, dropout.bh), dropout.k0,
                                    dropout.k1);
     uint2 *dst = reinterpret_cast<uint2 *>(flags + DropoutBwdLayout2::index(4 * c32 + c4, r8, 2 * h));
     CUTE_UNROLL

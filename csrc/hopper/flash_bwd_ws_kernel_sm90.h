@@ -1,5 +1,5 @@
-// Warp-specialised sm_90a backward (FA3-style): the plain calls and (Traits::kMod) those with
-// softcap and / or ALiBi and the deterministic dQ; dropout stays on flash_bwd_kernel_sm90.h. The
+// Warp-specialised sm_90a backward (FA3-style): the plain calls, (Traits::kMod) those with softcap
+// and / or ALiBi and the deterministic dQ, and (Traits::kDropout) dropout, with ALiBi or not. The
 // default for the calls it serves since session 8; FLASH_ATTN_BWD_WS=0 selects the lock-step kernel.
 //
 // One CTA per (128-key block, batch, query head), walking the 64-row query blocks that can see its
@@ -58,6 +58,7 @@
 #include "../flash_bwd_kernel.h"  // accum_row0, store_tile (via flash_fwd_kernel.h)
 #include "../mask.h"
 #include "../utils.h"
+#include "dropout_sm90.h"
 #include "flash_fwd_kernel_sm90.h"  // wgmma
 #include "kernel_traits_bwd_ws_sm90.h"
 
@@ -289,6 +290,30 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     // kMod: softcap then ALiBi on S^T before the mask, the softcap derivative on dS^T, as the
     // lock-step feature kernel (flash_bwd_kernel_sm90.h) does on the same accumulator layout.
     const ScoreMod score_mod = Traits::kMod ? ScoreMod(params, bidb, bidh, diag) : ScoreMod{};
+    // kDropout: the keep flags of query block m sit in buffer (m - m_block_min) % 2 of
+    // smem_drop_flags (layout 2 of dropout_sm90.h; the 256 consumer threads generate each block's
+    // 512 Philox groups together and each thread reads back the 16 words its elements need).
+    // Blocks m_block_min and m_block_min + 1 are generated before the first barrier, block m + 2
+    // in block m after the dS barrier, while the dQ GEMM runs: every reader of that buffer (block
+    // m) has passed the barrier, and block m + 1's dS barrier orders the writes before block
+    // m + 2 reads them. Dropped elements are cleared in P (dV += P_drop^T dO, with 1 / (1 - p) on
+    // dV at the end) and in dP^T (dS^T = P^T * (dP_drop^T / (1 - p) - softmax_d)).
+    // The Philox key and counter base are re-read for each generation (two cached loads) rather than
+    // kept in registers through the loop: the consumers are at their register limit there.
+    auto drop_flags = [&](int m_block) -> uint32_t * {
+        if constexpr (Traits::kDropout) {
+            return ss.smem_drop_flags.data() + ((m_block - m_block_min) % Traits::kDropFlagBuffers) * Traits::kDropFlagWords;
+        } else {
+            return nullptr;
+        }
+    };
+    auto make_drop_flags = [&](int m_block) {
+        if constexpr (Traits::kDropout) {
+            dropout_bwd_generate2<kBlockM, kBlockN, Traits::kNConsumerThreads>(Dropout(params, bidb, bidh),
+                                                                               drop_flags(m_block), m_block, n_block,
+                                                                               tidx);
+        }
+    };
 
     typename Traits::TiledMmadKV tiled_mma_dkv;
     auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
@@ -396,6 +421,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
     };
 
+    if constexpr (Traits::kDropout) {  // while K / V land; the barrier below publishes them
+        if (m_block_max > m_block_min) { make_drop_flags(m_block_min); }
+        if (m_block_max > m_block_min + 1) { make_drop_flags(m_block_min + 1); }
+    }
     // K / V landed (cp.async through the generic proxy; wgmma reads through the async proxy).
     cp_async_wait<0>();
     cutlass::arch::fence_view_async_shared();
@@ -468,7 +497,11 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
         const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
-        if constexpr (Traits::kMod) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
+        if constexpr (Traits::kDropout) {
+            score_mod.apply_alibi_t(acc_s, coords_st, row0, col0);  // no softcap with dropout (the binding)
+        } else if constexpr (Traits::kMod) {
+            score_mod.apply_t(acc_s, coords_st, row0, col0);
+        }
         // The tile's rows past the sequence (see the header) are masked too.
         if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
             CUTE_UNROLL
@@ -496,20 +529,25 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor converted = convert_type<Element>(acc_s);
             cute::copy(converted, rP);
         }
+        if constexpr (Traits::kDropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags(m_block), coords_st); }
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                  tdVrdOt(_, _, _, stage), acc_dv);
 
-        // dS^T = P^T * (dP^T - softmax_d).
+        // dS^T = P^T * (dP^T - softmax_d); with dropout, dP^T of the kept elements / (1 - p).
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
         warpgroup_fence_operand(acc_dp);
+        if constexpr (Traits::kDropout) { dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags(m_block), coords_st); }
+        const float dp_scale = Traits::kDropout ? params.rp_dropout : 1.f;
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(dS); ++ni) {
             const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
             CUTE_UNROLL
-            for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum); }
+            for (int mi = 0; mi < size<0>(dS); ++mi) {
+                dS(mi, ni) = scores(mi, ni) * (Traits::kDropout ? dS(mi, ni) * dp_scale - dsum : dS(mi, ni) - dsum);
+            }
         }
-        if constexpr (Traits::kMod) {
+        if constexpr (Traits::kMod && !Traits::kDropout) {
             // Rows past the sequence read LSE 0 (their P is 0 anyway), as above.
             score_mod.softcap_grad_t(acc_dp, acc_s, coords_st, row0, col0, params.scale_softmax_log2, [&](int i) {
                 const int r = get<1>(coords_st(i));
@@ -532,7 +570,15 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         cutlass::arch::fence_view_async_shared();
         bwd_ws_consumer_sync(BwdWsBarrier::kdS);
         Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
+        if constexpr (Traits::kDropout) {
+            // Block m + 2's flags while dV, dK and dQ run (see make_drop_flags).
+            wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
+            if (m_block + 2 < m_block_max) { make_drop_flags(m_block + 2); }
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc_dq);
+        } else {
+            wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
+        }
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
         // Every GEMM of this block has completed: Q, dO, LSE and softmax_d of the stage are free
@@ -555,6 +601,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
+    if constexpr (Traits::kDropout) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dv); ++i) { acc_dv(i) *= params.rp_dropout; }
+    }
     store_dk_dv();
 }
 

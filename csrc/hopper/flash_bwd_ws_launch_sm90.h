@@ -1,8 +1,8 @@
 // Launch of the warp-specialised sm_90a backward (flash_bwd_ws_kernel_sm90.h): tile configuration
 // per head dim, the TMA descriptors over q / dout (dense (b, s, h, d) or varlen packed (total, h,
 // d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
-// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain) and *_mod.cu (softcap / ALiBi /
-// deterministic);
+// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain), *_mod.cu (softcap / ALiBi /
+// deterministic) and *_drop.cu (dropout);
 // called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set (the default;
 // FLASH_ATTN_BWD_WS=0 turns it off).
 #pragma once
@@ -30,8 +30,11 @@ namespace flash {
 // over the next block's S^T / dP^T issue, next to dK, dV, S^T and dP^T: the d64 consumers peak
 // at 180 of their 240 registers; d128 (234 without it) spills 20-28 bytes, so it is built for
 // d64 only.
-template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false, bool kMod = false>
-using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap, kMod>;
+// kDropout adds two 8 KB keep-flag buffers: d64 146 + 16 = 162 KB; d128 takes one dQ buffer
+// fewer (226 - 32 + 16 = 210 KB).
+template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false, bool kMod = false,
+          bool kDropout = false>
+using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap, kMod, kDropout>;
 
 namespace bwd_ws_detail {
 
@@ -80,15 +83,51 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
 }  // namespace bwd_ws_detail
 
+namespace bwd_ws_detail {
+
+// The TMA geometry of a call, or false (nothing launched) where the kernel cannot address it:
+// K/V-cache refinements (never set by the backward binding, checked anyway), head dims that are not
+// multiples of 8, q / dout strides the TMA cannot address (not multiples of 16 bytes), LSE /
+// softmax_d buffers of 2^31 elements or more (1-D TMA coordinates are int32).
+template <int kHeadDim>
+bool tma_geometry(BwdParams const &params, int &rows_q, int &batch_q, int64_t &lse_elems, int64_t &dsum_elems) {
+    if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
+        params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0) {
+        return false;
+    }
+    const bool varlen_q = params.cu_seqlens_q != nullptr;
+    rows_q = varlen_q ? params.total_q : params.seqlen_q;
+    batch_q = varlen_q ? 1 : params.b;
+    if (rows_q <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(params.q_ptr) % 16 != 0 || reinterpret_cast<uintptr_t>(params.do_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.softmax_lse_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.softmax_d_ptr) % 16 != 0) {
+        return false;
+    }
+    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
+          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.do_row_stride, rows_q) &&
+          tma_stride_ok(params.do_head_stride, params.h) && tma_stride_ok(params.do_batch_stride, batch_q))) {
+        return false;
+    }
+    // Elements of the LSE / softmax_d buffers as the kernel addresses them (one past the last).
+    // Dense LSE (b, h, seqlen_q), varlen (h, total_q); softmax_d (b, h, seqlen_q_rounded), varlen
+    // (h, accum_rows).
+    lse_elems = varlen_q ? int64_t(params.h - 1) * params.lse_head_stride + params.total_q
+                         : int64_t(params.b - 1) * params.lse_batch_stride + int64_t(params.h - 1) * params.lse_head_stride +
+                               params.seqlen_q;
+    dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows : int64_t(params.b) * params.h * params.seqlen_q_rounded;
+    return lse_elems < (int64_t(1) << 31) && dsum_elems < (int64_t(1) << 31);
+}
+
+}  // namespace bwd_ws_detail
+
 // Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
 // the lock-step sm_90a backward. Served: kMod = false, the plain backward (no softcap / ALiBi /
 // dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
-// dispatch), the calls with softcap (d128) and / or ALiBi, or deterministic (dense), but no
-// dropout, with the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to the
-// lock-step kernel). Both: causal / sliding window, MQA / GQA, dense or varlen.
-// Not served: K/V-cache refinements (never set by the backward binding, checked anyway), q / dout
-// strides the TMA cannot address (not multiples of 16 bytes), LSE / softmax_d buffers of 2^31
-// elements or more (1-D TMA coordinates are int32).
+// dispatch), the calls with softcap (d128) and / or ALiBi, or deterministic, but no dropout, with
+// the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to the lock-step kernel).
+// Both: causal / sliding window, MQA / GQA, dense or varlen (deterministic: dense). Not served:
+// what tma_geometry rejects.
 template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
@@ -105,35 +144,10 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     const bool served_features = kMod ? (has_mod || params.deterministic) && det_ok && params.p_dropout <= 0.f &&
                                             params.bwd_ws_dq_tma && !(kHeadDim == 64 && params.softcap_scale > 0.f)
                                       : !has_features(params);
-    if (!served_features || params.seqused_k != nullptr || params.leftpad_k != nullptr ||
-        params.kv_batch_idx != nullptr || params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0 ||
-        (params.dq_accum_splits > 1 && !params.deterministic)) {
-        return false;
-    }
-    const bool varlen_q = params.cu_seqlens_q != nullptr;
-    const int rows_q = varlen_q ? params.total_q : params.seqlen_q;
-    const int batch_q = varlen_q ? 1 : params.b;
-    if (rows_q <= 0) return false;
-    if (reinterpret_cast<uintptr_t>(params.q_ptr) % 16 != 0 || reinterpret_cast<uintptr_t>(params.do_ptr) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(params.softmax_lse_ptr) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(params.softmax_d_ptr) % 16 != 0) {
-        return false;
-    }
-    using bwd_ws_detail::tma_stride_ok;
-    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
-          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.do_row_stride, rows_q) &&
-          tma_stride_ok(params.do_head_stride, params.h) && tma_stride_ok(params.do_batch_stride, batch_q))) {
-        return false;
-    }
-    // Elements of the LSE / softmax_d buffers as the kernel addresses them (one past the last).
-    // Dense LSE (b, h, seqlen_q), varlen (h, total_q); softmax_d (b, h, seqlen_q_rounded), varlen
-    // (h, accum_rows).
-    const int64_t lse_elems = varlen_q ? int64_t(params.h - 1) * params.lse_head_stride + params.total_q
-                                       : int64_t(params.b - 1) * params.lse_batch_stride +
-                                             int64_t(params.h - 1) * params.lse_head_stride + params.seqlen_q;
-    const int64_t dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows
-                                        : int64_t(params.b) * params.h * params.seqlen_q_rounded;
-    if (lse_elems >= (int64_t(1) << 31) || dsum_elems >= (int64_t(1) << 31)) return false;
+    if (!served_features || (params.dq_accum_splits > 1 && !params.deterministic)) return false;
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<kHeadDim>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
     // The score-modifier kernel alone in the _mod translation units: the plain kernels stay out of
     // them (discarded branch), so that no kernel is compiled twice.
     if constexpr (kMod) {
@@ -161,6 +175,25 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
                                                                      dsum_elems);
         }
     }
+    return true;
+}
+
+// The dropout calls (own translation units, *_drop.cu): dropout with or without ALiBi (softcap with
+// dropout is rejected by the binding), dense or varlen, dQ bulk reduce-add, not deterministic
+// (those stay on the lock-step kernel's sliced mode). FLASH_ATTN_BWD_WS_DROPOUT=0 (params.
+// bwd_ws_dropout) sends them to the lock-step kernel, for A/B.
+template <typename Element, int kHeadDim>
+bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90Bwd<kHeadDim>);
+    if (!(params.p_dropout > 0.f && params.bwd_ws_dropout && params.bwd_ws_dq_tma && params.softcap_scale <= 0.f &&
+          !params.deterministic && params.dq_accum_splits <= 1)) {
+        return false;
+    }
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<kHeadDim>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
+    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true,
+                                         /*kDropout=*/true>>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     return true;
 }
 

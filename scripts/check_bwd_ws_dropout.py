@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""GPU check of the dropout variant of the warp-specialised sm_90a backward (branch ws-bwd-dropout:
+Traits::kDropout in csrc/hopper/flash_bwd_ws_kernel_sm90.h, run_mha_bwd_ws_sm90_dropout).
+
+Each case runs in its own process under a timeout (a named-barrier mistake hangs rather than fails):
+  * the forward once with dropout (rng_state from the custom op), then the backward through the
+    custom op on the WS kernel (default) and on the lock-step kernel (FLASH_ATTN_BWD_WS_DROPOUT=0);
+  * both against the fp32 naive reference with the documented Philox keep-mask
+    (fa_test_utils.dropout_keep_ref; the suite's rule, gradients within 3x; NaN fails);
+  * the profiler shows the WS kernel on the default path;
+  * WS vs lock-step: dk / dv bitwise equal or extremely close (same GEMMs, same order), dq within
+    the rule (bulk reduce-add vs atomics: another summation order).
+Cases: d64 / d128, fp16 / bf16, causal and not, windows, GQA / MQA, ALiBi, odd lengths, one query
+block (the d128 kernel keeps a single dQ buffer), varlen.
+
+Then times the backward at bf16 8k: default (no dropout) vs dropout 0.1 on the WS kernel vs on the
+lock-step kernel.
+
+    python scripts/check_bwd_ws_dropout.py [--no-bench] [--bench-only] [--timeout 60]
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
+
+from gpu_check_common import bench_backward_variants, check_main, env_set  # noqa: E402
+
+# (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
+CASES = [
+    ("bf16", 128, 2, 1024, 1024, 4, 4, False, (-1, -1), False, 0.1, False),
+    ("bf16", 128, 2, 1024, 1024, 4, 4, True, (-1, -1), False, 0.1, False),
+    ("fp16", 64, 1, 1000, 1300, 6, 2, False, (-1, -1), False, 0.17, False),
+    ("fp16", 64, 1, 1300, 1000, 6, 2, True, (-1, -1), False, 0.3, False),
+    ("bf16", 64, 3, 113, 203, 4, 1, True, (-1, -1), False, 0.5, False),
+    ("bf16", 128, 1, 17, 1023, 2, 2, False, (-1, -1), False, 0.1, False),
+    ("fp16", 128, 2, 64, 200, 4, 2, False, (-1, -1), False, 0.2, False),   # one query block
+    ("bf16", 128, 1, 777, 900, 2, 1, False, (100, 20), True, 0.25, False),
+    ("bf16", 64, 1, 640, 640, 4, 4, False, (32, 0), True, 0.1, False),
+    ("fp16", 128, 3, 300, 257, 4, 2, True, (-1, -1), True, 0.4, True),
+    ("bf16", 64, 3, 1, 77, 4, 4, False, (-1, -1), False, 0.1, True),
+]
+
+
+def run_case(idx):
+    import torch
+
+    import fa_test_utils as U
+    import flash_attn
+
+    assert hasattr(torch.ops.flash_attn, "_flash_attn_varlen_forward"), f"custom ops not registered by {flash_attn}"
+
+    dtype_name, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen = CASES[idx]
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
+    torch.manual_seed(2000 + idx)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    slopes = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5 if alibi else None
+    wl, wr = window
+    if causal:
+        wr = 0
+    scale = d ** -0.5
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    if varlen:
+        # Every sequence at full length (the reference is the dense one); the kernel sees the
+        # packed (total, h, d) layout, per-sequence row offsets and the varlen LSE / dq_accum.
+        cu_q = torch.arange(0, (b + 1) * sq, sq, device="cuda", dtype=torch.int32)
+        cu_k = torch.arange(0, (b + 1) * sk, sk, device="cuda", dtype=torch.int32)
+        flat = [t.reshape(-1, *t.shape[2:]) for t in (qd, kd, vd)]
+        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_varlen_forward(
+            *flat, cu_q, cu_k, sq, sk, p, scale, causal, wl, wr, 0.0, slopes, False)
+    else:
+        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_forward(
+            qd, kd, vd, p, scale, causal, wl, wr, 0.0, slopes, False)
+    seed, offset = rng_state.tolist()
+    mask = U.dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()
+
+    def bwd(env):
+        with env_set(env):
+            if varlen:
+                dq, dk, dv = (torch.empty_like(t) for t in flat)
+                torch.ops.flash_attn._flash_attn_varlen_backward(
+                    dout.reshape(-1, h, d), *flat, out, lse, dq, dk, dv, cu_q, cu_k, sq, sk, p, scale, causal, wl,
+                    wr, 0.0, slopes, False, rng_state)
+                g = (dq.view(b, sq, h, d), dk.view(b, sk, hk, d), dv.view(b, sk, hk, d))
+            else:
+                dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+                torch.ops.flash_attn._flash_attn_backward(
+                    dout, qd, kd, vd, out, lse, dq, dk, dv, p, scale, causal, wl, wr, 0.0, slopes, False,
+                    rng_state)
+                g = (dq, dk, dv)
+            torch.cuda.synchronize()
+        return g
+
+    ws = bwd({})
+    lock = bwd({"FLASH_ATTN_BWD_WS_DROPOUT": "0"})
+    feats = dict(window_size=(wl, wr) if not causal else (wl, 0), alibi_slopes=slopes, dropout_p=p,
+                 dropout_mask=mask)
+    (out_ref, _, *g_ref), (out_pt, *g_pt) = U.ref_fwd_bwd(q, k, v, dout, causal, **feats)
+    out_dense = out.view(b, sq, h, d)
+    U.assert_close_to_ref("out", out_dense, out_ref, out_pt, U.OUT_SLACK)
+    notes = []
+    for i, n in enumerate(("dq", "dk", "dv")):
+        U.assert_close_to_ref(f"{n} ws", ws[i], g_ref[i], g_pt[i], U.GRAD_SLACK, factor=3)
+        U.assert_close_to_ref(f"{n} lock-step", lock[i], g_ref[i], g_pt[i], U.GRAD_SLACK, factor=3)
+        diff = U.max_err(ws[i], lock[i])
+        notes.append(f"{n} {'==' if torch.equal(ws[i], lock[i]) else f'~{diff:.1e}'}")
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        bwd({})
+    names = [e.key for e in prof.key_averages()]
+    assert any("flash_bwd_ws_kernel_sm90" in n for n in names), \
+        f"WS kernel did not run: {[n for n in names if 'bwd' in n]}"
+    return "WS vs lock-step: " + ", ".join(notes)
+
+
+def bench():
+    bench_backward_variants([("plain", {}, {}), ("dropout WS", {"dropout_p": 0.1}, {}),
+                             ("dropout lock-step", {"dropout_p": 0.1}, {"FLASH_ATTN_BWD_WS_DROPOUT": "0"})])
+
+
+def main():
+    return check_main(__file__, CASES, run_case, lambda args: bench(), default_timeout=60, label_width=66)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

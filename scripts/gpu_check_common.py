@@ -1,0 +1,101 @@
+"""Shared pieces of the GPU check scripts of the warp-specialised backward
+(check_bwd_ws_det.py, check_bwd_ws_dropout.py).
+
+run_cases_in_processes: each case in its own Python process under a timeout, so that a kernel that
+hangs (a wrong barrier or counter order) shows up as a FAIL line instead of stopping the whole
+check; the script re-runs itself with `--case i`.
+
+env_set: a context manager that sets environment variables (the kernels' run-time switches, read
+by the binding at each call) and restores them after.
+
+check_main: the command line shared by those scripts ([--no-bench] [--bench-only] [--timeout s],
+`--case i` for the per-process runs, plus the script's own options).
+
+bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
+not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
+first variant is the baseline of the printed ratios.
+"""
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+
+
+@contextlib.contextmanager
+def env_set(env):
+    old = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_cases_in_processes(script, cases, timeout, label_width=60):
+    failed = 0
+    for i, case in enumerate(cases):
+        label = " ".join(str(x) for x in case)
+        try:
+            r = subprocess.run([sys.executable, script, "--case", str(i)], capture_output=True, text=True,
+                               timeout=timeout)
+            ok = r.returncode == 0
+            msg = (r.stdout.strip().splitlines() or [""])[-1] if ok else (r.stdout + r.stderr).strip()[-600:]
+        except subprocess.TimeoutExpired:
+            ok, msg = False, f"TIMEOUT after {timeout:.0f} s (hang?)"
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {label:<{label_width}} {msg}", flush=True)
+    print("ALL PASS" if not failed else f"{failed} FAILED")
+    return failed
+
+
+def bench_backward_variants(variants):
+    import torch
+    import triton.testing
+
+    from flash_attn import flash_attn_func
+
+    print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
+    for d in (64, 128):
+        for causal in (False, True):
+            h = 2048 // d
+            q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            row = []
+            for tag, fwd_kwargs, env in variants:
+                out = flash_attn_func(q, k, v, causal=causal, **fwd_kwargs)
+                with env_set(env):
+                    ms = triton.testing.do_bench(
+                        lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150)
+                row.append((tag, ms))
+            base = row[0][1]
+            print(f"  d{d:<4} {'causal' if causal else 'full  '}  " +
+                  "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
+
+
+def check_main(script, cases, run_case, bench, default_timeout, label_width=60, add_args=None):
+    """Runs `run_case(i)` (with --case i), or every case in its own process and then `bench(args)`
+    unless a case failed; returns the exit status."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", type=int)
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--bench-only", action="store_true")
+    ap.add_argument("--timeout", type=float, default=default_timeout)
+    if add_args is not None:
+        add_args(ap)
+    args = ap.parse_args()
+    if args.case is not None:
+        print(run_case(args.case))
+        return 0
+    failed = 0
+    if not args.bench_only:
+        failed = run_cases_in_processes(script, cases, args.timeout, label_width=label_width)
+    if not args.no_bench and not failed:
+        bench(args)
+    return 1 if failed else 0
