@@ -8,7 +8,7 @@
 #                                          # the lock-step backward (FLASH_ATTN_BWD_WS=0)
 #   PART=M bash scripts/validate_h200.sh   # head dims 64 / 128 build; suite; feature costs
 #   PART=F bash scripts/validate_h200.sh   # full build; suite; feature costs; WS deterministic check
-#   PART=D bash scripts/validate_h200.sh   # branch next (s9): d64/128 build; dropout checks; features
+#   PART=D bash scripts/validate_h200.sh   # d64/128 build; WS dropout backward check; features
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
@@ -64,14 +64,12 @@ case ${PART:-A} in
     TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60 ;;
   D)
-    # Branch next (session 9 -> 10: ws-bwd-dropout + philox7 + ws-fwd-d64-drop2). Head dims 64 / 128
-    # (the kernels they touch): the WS dropout backward's check (cases in their own processes under
-    # a timeout, then dropout backward times on the WS and the lock-step kernels), the d64 2-WG
-    # dropout forward's check and A/B, the feature costs. PART=E then runs the suite on this build.
+    # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
+    # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),
+    # the feature costs. PART=E then runs the suite on this build.
     export FLASH_ATTN_HEAD_DIMS=64,128
     build
     TAIL=18 step check_bwd_ws_dropout 150 $PY scripts/check_bwd_ws_dropout.py --timeout 60
-    TAIL=10 step check_fwd_ws_d64_drop2 60 $PY scripts/check_fwd_ws_d64_drop2.py
     TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat ;;
   E)
     export FLASH_ATTN_HEAD_DIMS=64,128

@@ -144,18 +144,6 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
             return true;
         }
     }
-    if constexpr (kHeadDim == 64 && kFeat) {
-        // FLASH_ATTN_FWD_WS_D64_DROP_WG2=1 (read at each call; A/B): d64 dropout calls on 2 consumer
-        // warpgroups (128 x 128 tiles) at 240 registers, 4 Philox calls in flight per thread,
-        // instead of 3 at 160 registers (2 in flight): at d64 the exps and the Philox rounds,
-        // not the tensor cores, bound the dropout forward (1.78x of plain on 3 WGs, session 9).
-        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D64_DROP_WG2");
-        if (dropout && env != nullptr && std::strcmp(env, "1") == 0) {
-            fwd_ws_detail::launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, kFeat, false>(params, stream, rows_q,
-                                                                                       batch_q, rows_k, batch_k);
-            return true;
-        }
-    }
     static_assert(!kFeat || Traits::kDropoutTiles);
     fwd_ws_detail::launch<Traits, kFeat>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
