@@ -159,6 +159,17 @@ bool env_switch(const char *name, bool default_value) {
 // serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
+// A/B of the SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
+// FLASH_ATTN_BWD_SM80_VARIANT = 0..3, read at each call; unset gives 0.
+int bwd_sm80_variant() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_SM80_VARIANT");
+    if (env == nullptr || env[0] == '\0') return 0;
+    const std::string choice(env);
+    FLASH_CHECK(choice.size() == 1 && choice[0] >= '0' && choice[0] <= '3',
+                "flash_attn: FLASH_ATTN_BWD_SM80_VARIANT must be 0, 1, 2 or 3, got '", choice, "'");
+    return choice[0] - '0';
+}
+
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
 // walking the tiles. Disabled: on the H200 (session 7) it hangs as soon as a CTA gets a second tile
 // (it passes while every CTA has one); the kernel stays for the fix (docs/perf-notes.md).
@@ -540,6 +551,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
         params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
+        params.bwd_sm80_variant = bwd_sm80_variant();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -804,6 +816,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
         params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
+        params.bwd_sm80_variant = bwd_sm80_variant();
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);

@@ -118,9 +118,14 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
 // kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
 // blockIdx.x (reversed in its semaphore-ordered deterministic mode, see flash_bwd_kernel), else
 // kModStatic | the features compiled in and always on, with the key block n_block_arg.
-template <typename Traits, bool kFeat, int kStatic>
+// kVariant (plain kernels only; A/B, params.bwd_sm80_variant): bit 0 = dQ GEMM and its atomics
+// before the dK GEMM, bit 1 = scalar fp32 atomics.
+template <typename Traits, bool kFeat, int kStatic, int kVariant = 0>
 __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_block_arg, const int64_t dq_slice) {
     static_assert(kFeat || kStatic == 0);
+    static_assert(kVariant == 0 || !kFeat);
+    constexpr bool kDqBeforeDk = (kVariant & 1) != 0;
+    constexpr bool kScalarDqAtomics = (kVariant & 2) != 0;
     constexpr bool kMayDropout = kFeat && (kStatic == 0 || (kStatic & kModDropout) != 0);
     constexpr bool kMaySoftcap = kFeat && (kStatic == 0 || (kStatic & kModSoftcap) != 0);
     using Element = typename Traits::Element;
@@ -432,45 +437,57 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
 
         gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, in_buffer(tdVsdOt, buf), tiled_mma_dkv, smem_copy_dkv_A,
                 smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
-        gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), tiled_mma_dkv, smem_copy_dkv_A,
-                smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
-
-        Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        clear(acc_dq);
-        gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, tiled_mma_dq, smem_copy_dq_A, smem_copy_dq_B,
-                thr_smem_copy_dq_A, thr_smem_copy_dq_B);
-        // dq_accum rows are padded to a multiple of kBlockM and columns to kHeadDim: no predicates.
-        Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
-                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-        Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-        static_assert(decltype(size<0>(acc_dq))::value == 4);
-        if constexpr (kFeat && kStatic == 0) {
-            if (deterministic) {
-                // Wait for the key blocks above this one that also see this query block.
-                if (tidx == 0) {
-                    const int target = mask.last_n_block_seeing(m_block, kBlockM, kBlockN) - n_block;
-                    const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
-                    while (*sem != target) {}
-                    __threadfence();
+        auto gemm_dk = [&]() {
+            gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), tiled_mma_dkv, smem_copy_dkv_A,
+                    smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
+        };
+        auto dq_and_atomics = [&]() {
+            Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+            clear(acc_dq);
+            gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, tiled_mma_dq, smem_copy_dq_A, smem_copy_dq_B,
+                    thr_smem_copy_dq_A, thr_smem_copy_dq_B);
+            // dq_accum rows are padded to a multiple of kBlockM and columns to kHeadDim: no predicates.
+            Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
+                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+            Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+            static_assert(decltype(size<0>(acc_dq))::value == 4);
+            if constexpr (kFeat && kStatic == 0) {
+                if (deterministic) {
+                    // Wait for the key blocks above this one that also see this query block.
+                    if (tidx == 0) {
+                        const int target = mask.last_n_block_seeing(m_block, kBlockM, kBlockN) - n_block;
+                        const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
+                        while (*sem != target) {}
+                        __threadfence();
+                    }
+                    __syncthreads();
                 }
-                __syncthreads();
             }
-        }
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-#else
-            atomicAdd(&tdQgdQaccum(i), acc_dq(i));
-            atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
+                if constexpr (!kScalarDqAtomics) {
+                    atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+                    continue;
+                }
 #endif
-        }
-        if constexpr (kFeat && kStatic == 0) {
-            if (deterministic) {  // publish this block's dQ, then let the next key block in
-                __threadfence();
-                __syncthreads();
-                if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
+                atomicAdd(&tdQgdQaccum(i), acc_dq(i));
+                atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
             }
+            if constexpr (kFeat && kStatic == 0) {
+                if (deterministic) {  // publish this block's dQ, then let the next key block in
+                    __threadfence();
+                    __syncthreads();
+                    if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
+                }
+            }
+        };
+        if constexpr (kDqBeforeDk) {
+            dq_and_atomics();
+            gemm_dk();
+        } else {
+            gemm_dk();
+            dq_and_atomics();
         }
     }
 
@@ -487,10 +504,10 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
 // blocks in rounds of gridDim.x, zig-zag (s in even rounds, gridDim.x - 1 - s in odd ones, which
 // evens out causal work), adding its dQ into slice s. Each slice element is updated by one thread
 // of one CTA, in program order, so the sums (and their order in the conversion) are fixed.
-template <typename Traits, bool kFeat, int kStatic = 0>
+template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const __grid_constant__ BwdParams params) {
     if constexpr (kStatic == 0) {
-        bwd_block<Traits, kFeat, kStatic>(params, 0, 0);
+        bwd_block<Traits, kFeat, kStatic, kVariant>(params, 0, 0);
     } else {
         const bool sliced = params.deterministic;
         const int64_t dq_slice = sliced ? int64_t(blockIdx.x) * params.dq_accum_split_stride : 0;

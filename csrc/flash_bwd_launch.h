@@ -27,11 +27,11 @@ template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
 #endif
 
-template <typename Traits, bool kFeat, int kStatic = 0>
+template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
     launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
-        auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic>;
+        auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic, kVariant>;
         if (smem_size >= 48 * 1024) {
             FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         }
@@ -111,7 +111,13 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         if constexpr (kFeat) {
             launch_bwd_feat<Traits>(params, stream);
         } else {
-            launch_bwd<Traits, false>(params, stream);
+            // A/B of the dQ placement and atomics width (params.bwd_sm80_variant, flash.h).
+            switch (params.bwd_sm80_variant) {
+                case 1: launch_bwd<Traits, false, 0, 1>(params, stream); break;
+                case 2: launch_bwd<Traits, false, 0, 2>(params, stream); break;
+                case 3: launch_bwd<Traits, false, 0, 3>(params, stream); break;
+                default: launch_bwd<Traits, false>(params, stream); break;
+            }
         }
     }
 }
