@@ -118,14 +118,15 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
 // kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
 // blockIdx.x (reversed in its semaphore-ordered deterministic mode, see flash_bwd_kernel), else
 // kModStatic | the features compiled in and always on, with the key block n_block_arg.
-// kVariant (plain kernels only; A/B, params.bwd_sm80_variant): bit 0 = dQ GEMM and its atomics
-// before the dK GEMM, bit 1 = scalar fp32 atomics.
+// kVariant (plain kernels only; params.bwd_sm80_variant): 1 = the dQ GEMM and its atomics before
+// the dK GEMM (FA2's order: the reductions drain while dK runs), 0 = after it. Scalar fp32
+// atomics instead of the float2 ones measured 1.35x slower at d256 (session 10).
 template <typename Traits, bool kFeat, int kStatic, int kVariant = 0>
 __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_block_arg, const int64_t dq_slice) {
     static_assert(kFeat || kStatic == 0);
     static_assert(kVariant == 0 || !kFeat);
-    constexpr bool kDqBeforeDk = (kVariant & 1) != 0;
-    constexpr bool kScalarDqAtomics = (kVariant & 2) != 0;
+    static_assert(kVariant == 0 || kVariant == 1);
+    constexpr bool kDqBeforeDk = kVariant == 1;
     constexpr bool kMayDropout = kFeat && (kStatic == 0 || (kStatic & kModDropout) != 0);
     constexpr bool kMaySoftcap = kFeat && (kStatic == 0 || (kStatic & kModSoftcap) != 0);
     using Element = typename Traits::Element;
@@ -466,13 +467,11 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
             CUTE_UNROLL
             for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                if constexpr (!kScalarDqAtomics) {
-                    atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-                    continue;
-                }
-#endif
+                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
                 atomicAdd(&tdQgdQaccum(i), acc_dq(i));
                 atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
+#endif
             }
             if constexpr (kFeat && kStatic == 0) {
                 if (deterministic) {  // publish this block's dQ, then let the next key block in

@@ -111,12 +111,11 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         if constexpr (kFeat) {
             launch_bwd_feat<Traits>(params, stream);
         } else {
-            // A/B of the dQ placement and atomics width (params.bwd_sm80_variant, flash.h).
-            switch (params.bwd_sm80_variant) {
-                case 1: launch_bwd<Traits, false, 0, 1>(params, stream); break;
-                case 2: launch_bwd<Traits, false, 0, 2>(params, stream); break;
-                case 3: launch_bwd<Traits, false, 0, 3>(params, stream); break;
-                default: launch_bwd<Traits, false>(params, stream); break;
+            // dQ before dK (default) or after it, for A/B (params.bwd_sm80_variant, flash.h).
+            if (params.bwd_sm80_variant == 0) {
+                launch_bwd<Traits, false>(params, stream);
+            } else {
+                launch_bwd<Traits, false, 0, 1>(params, stream);
             }
         }
     }
