@@ -18,7 +18,7 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fa_test_utils import check_against_ref  # noqa: E402
-from gpu_check_common import env_set  # noqa: E402
+from gpu_check_common import env_set, random_qkv_dout  # noqa: E402
 
 from flash_attn import flash_attn_func  # noqa: E402
 
@@ -34,11 +34,7 @@ CASES = [  # dtype, d, batch, seqlen_q, seqlen_k, heads, heads_k, causal
 def check():
     failed = 0
     for dtype, d, b, sq, sk, h, hk, causal in CASES:
-        torch.manual_seed(sq * 7 + sk)
-        q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-        v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-        dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+        q, k, v, dout = random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed=sq * 7 + sk)
         for var in VARIANTS:
             tag = f"{str(dtype)[6:]:9} d{d} b{b} {sq}x{sk} h{h}/{hk} causal={causal} variant {var}"
             try:

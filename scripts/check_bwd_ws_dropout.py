@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, check_main, env_set  # noqa: E402
+from gpu_check_common import bench_backward_variants, check_main, env_set, random_qkv_dout  # noqa: E402
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
 CASES = [
@@ -54,11 +54,7 @@ def run_case(idx):
 
     dtype_name, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen = CASES[idx]
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
-    torch.manual_seed(2000 + idx)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    q, k, v, dout = random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed=2000 + idx)
     slopes = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5 if alibi else None
     wl, wr = window
     if causal:

@@ -11,6 +11,8 @@ by the binding at each call) and restores them after.
 check_main: the command line shared by those scripts ([--no-bench] [--bench-only] [--timeout s],
 `--case i` for the per-process runs, plus the script's own options).
 
+random_qkv_dout: fresh random q, k, v (leaves requiring grad) and dout of a case's shape.
+
 bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
 not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
 first variant is the baseline of the printed ratios.
@@ -52,6 +54,18 @@ def run_cases_in_processes(script, cases, timeout, label_width=60):
         print(f"{'PASS' if ok else 'FAIL'}  {label:<{label_width}} {msg}", flush=True)
     print("ALL PASS" if not failed else f"{failed} FAILED")
     return failed
+
+
+def random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed):
+    """q (b, sq, h, d), k and v (b, sk, hk, d) requiring grad, dout like q; seeded."""
+    import torch
+
+    torch.manual_seed(seed)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    return q, k, v, dout
 
 
 def bench_backward_variants(variants):
