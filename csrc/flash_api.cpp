@@ -163,15 +163,11 @@ bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 // FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK) or 0 (after), read at each call.
 int bwd_sm80_variant() { return env_switch("FLASH_ATTN_BWD_SM80_VARIANT", true) ? 1 : 0; }
 
-// FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
-// walking the tiles. Disabled: on the H200 (session 7) it hangs as soon as a CTA gets a second tile
-// (it passes while every CTA has one); the kernel stays for the fix (docs/perf-notes.md).
-bool fwd_ws_persistent_enabled() {
-    FLASH_CHECK(!env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false),
-                "flash_attn: FLASH_ATTN_FWD_WS_PERSISTENT=1 is disabled (the persistent forward hangs when a CTA "
-                "walks more than one tile); unset it or set it to 0");
-    return false;
-}
+// FLASH_ATTN_FWD_WS_PERSISTENT=1 runs the plain warp-specialised forward as one CTA per SM walking
+// the tiles (read at each call, for A/B). Default off: on the H200 (session 7) it hung as soon as
+// a CTA got a second tile; session 10 found the cause (the consumers' V pipeline state was not
+// advanced past a tile's last V slot), not yet checked on a GPU (scripts/check_fwd_ws_persistent.py).
+bool fwd_ws_persistent_enabled() { return env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false); }
 
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma (the default since session 8) writes each query

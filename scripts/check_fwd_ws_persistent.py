@@ -31,7 +31,7 @@ ENV = "FLASH_ATTN_FWD_WS_PERSISTENT"
 
 
 def set_persistent(on):
-    os.environ[ENV] = "1" if on else "0"  # (unset = on, the default)
+    os.environ[ENV] = "1" if on else "0"  # (unset = off, the default)
 
 
 def both(call):

@@ -12,6 +12,8 @@
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
+#   PART=W bash scripts/validate_h200.sh   # branch ws-persistent-fix: WS head dims build; persistent
+#                                          # forward check + timing; suite
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -86,6 +88,15 @@ case ${PART:-A} in
         --section MemoryWorkloadAnalysis_Tables $PY scripts/bwd_profile_case.py ours 256
     done
     TAIL=3 step test 150 $PY -m pytest tests -q -x ;;
+  W)
+    # Branch ws-persistent-fix (session 10, not GPU-run): the persistent WS forward with the fix of
+    # its consumers' V pipeline state. check_fwd_ws_persistent.py: bitwise equal to the one-tile
+    # kernel and within the reference rule (tiles per CTA 0..~100), then both timed over seqlen
+    # 512..16k; a hang costs only the step's timeout. Then the suite.
+    export FLASH_ATTN_HEAD_DIMS=64,128,256
+    build
+    TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
+    TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
   E)
     export FLASH_ATTN_HEAD_DIMS=64,128
     built || build
