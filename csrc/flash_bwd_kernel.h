@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
 //   1: the dQ GEMM and its atomics before the dK GEMM (FA2's order: the reductions drain while dK
 //      runs; the default since session 10), else after it. Scalar fp32 atomics instead of the
 //      float2 ones measured 1.35x slower at d256 (session 10).
-//   2: FA2's load placement: one dO buffer, the next block's dO issued after the dV GEMM (behind
-//      one more CTA barrier) and its Q after the dQ GEMM, instead of both at the top of the step
+//   2: FA2's load placement: one dO buffer, the next block's Q issued once dS is computed and its
+//      dO after the dV GEMM (behind one more CTA barrier), instead of both at the top of the step
 //      into double buffers (smem 213 -> 180 KB at d256; A/B, session 10, not GPU-run).
 //   4: LSE and softmax_d of the next query block loaded into registers one step ahead (FA2),
 //      instead of in the step (A/B, session 10, not GPU-run).
@@ -461,6 +461,14 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
             }
         }
 
+        if constexpr (kFa2Loads) {
+            // The next Q, as FA2 issues it once dS is known: Q[buf ^ 1] was last read in the
+            // previous step, before this step's first barrier.
+            if (m_block + 1 < m_block_max) {
+                load_Q(m_block + 1, buf ^ 1);
+                cp_async_fence();
+            }
+        }
         Tensor rP = convert_type<Element>(acc_s);
         Tensor rdS = convert_type<Element>(acc_dp);
         cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rP), tPsP);
@@ -486,13 +494,6 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
             clear(acc_dq);
             gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, tiled_mma_dq, smem_copy_dq_A, smem_copy_dq_B,
                     thr_smem_copy_dq_A, thr_smem_copy_dq_B);
-            if constexpr (kFa2Loads) {
-                // Q[buf ^ 1] was last read in the previous step, before this step's first barrier.
-                if (m_block + 1 < m_block_max) {
-                    load_Q(m_block + 1, buf ^ 1);
-                    cp_async_fence();
-                }
-            }
             // dq_accum rows are padded to a multiple of kBlockM and columns to kHeadDim: no predicates.
             Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
