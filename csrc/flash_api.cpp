@@ -160,8 +160,16 @@ bool env_switch(const char *name, bool default_value) {
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
 // The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
-// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK) or 0 (after), read at each call.
-int bwd_sm80_variant() { return env_switch("FLASH_ATTN_BWD_SM80_VARIANT", true) ? 1 : 0; }
+// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK), 0 (after), or the A/B variants 3, 5, 7
+// (bits in csrc/flash_bwd_kernel.h), read at each call.
+int bwd_sm80_variant() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_SM80_VARIANT");
+    if (env == nullptr || env[0] == '\0') return 1;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1" || choice == "3" || choice == "5" || choice == "7",
+                "flash_attn: FLASH_ATTN_BWD_SM80_VARIANT must be 0, 1, 3, 5 or 7, got '", choice, "'");
+    return choice[0] - '0';
+}
 
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 runs the plain warp-specialised forward as one CTA per SM walking
 // the tiles (read at each call, for A/B). Default off: on the H200 (session 7) it hung as soon as

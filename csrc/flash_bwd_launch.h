@@ -30,7 +30,8 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
 template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
     launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
-        constexpr int smem_size = Traits::kSmemSize;
+        // kVariant & 2 (flash_bwd_kernel.h): one dO buffer instead of two.
+        constexpr int smem_size = Traits::kSmemSize - ((kVariant & 2) != 0 ? Traits::kSmemQdOSize : 0);
         auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic, kVariant>;
         if (smem_size >= 48 * 1024) {
             FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
@@ -111,11 +112,13 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         if constexpr (kFeat) {
             launch_bwd_feat<Traits>(params, stream);
         } else {
-            // dQ before dK (default) or after it, for A/B (params.bwd_sm80_variant, flash.h).
-            if (params.bwd_sm80_variant == 0) {
-                launch_bwd<Traits, false>(params, stream);
-            } else {
-                launch_bwd<Traits, false, 0, 1>(params, stream);
+            // A/B (params.bwd_sm80_variant, flash.h; bits in flash_bwd_kernel.h).
+            switch (params.bwd_sm80_variant) {
+                case 0: launch_bwd<Traits, false>(params, stream); break;
+                case 3: launch_bwd<Traits, false, 0, 3>(params, stream); break;
+                case 5: launch_bwd<Traits, false, 0, 5>(params, stream); break;
+                case 7: launch_bwd<Traits, false, 0, 7>(params, stream); break;
+                default: launch_bwd<Traits, false, 0, 1>(params, stream); break;
             }
         }
     }

@@ -76,12 +76,12 @@ case ${PART:-A} in
     TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat ;;
   V)
     # The d256 SM80-class backward's A/B (FLASH_ATTN_BWD_SM80_VARIANT, session 10): head dim 256
-    # build; each variant against the reference and timed against FA2; ncu of variants 0 / 1 with
+    # build; each variant against the reference and timed against FA2; ncu of variants 1 / 3 with
     # source counters; then the suite on this build (default variant).
     export FLASH_ATTN_HEAD_DIMS=256
     build
     TAIL=30 step check_bwd_sm80_variants 150 $PY scripts/check_bwd_sm80_variants.py
-    for var in 0 1; do
+    for var in 1 3; do
       TAIL=4 step ncu_bwd_d256_v$var 60 env FLASH_ATTN_BWD_SM80_VARIANT=$var ncu --clock-control none \
         -k regex:flash_bwd_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section SourceCounters --section InstructionStats \
