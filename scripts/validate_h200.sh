@@ -14,6 +14,9 @@
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
 #   PART=W bash scripts/validate_h200.sh   # branch ws-persistent-fix: WS head dims build; persistent
 #                                          # forward check + timing; suite
+#   PART=X bash scripts/validate_h200.sh   # branch next (s10): build 64/128/256; persistent forward
+#                                          # check + timing; d256 backward variants check + A/B
+#   PART=Y bash scripts/validate_h200.sh   # the suite and feature costs on that build
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -97,6 +100,19 @@ case ${PART:-A} in
     build
     TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
     TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
+  X)
+    # Branch next (session 10 -> 11: ws-persistent-fix + bwd256-variants), one build for both:
+    # head dims 64 / 128 / 256; the persistent forward's check and timing; the d256 backward
+    # variants' check and A/B against FA2. PART=Y then runs the suite and the feature costs on it.
+    export FLASH_ATTN_HEAD_DIMS=64,128,256
+    build
+    TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
+    TAIL=30 step check_bwd_sm80_variants 120 $PY scripts/check_bwd_sm80_variants.py ;;
+  Y)
+    export FLASH_ATTN_HEAD_DIMS=64,128,256
+    built || build
+    TAIL=3 step test 250 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
   E)
     export FLASH_ATTN_HEAD_DIMS=64,128
     built || build
