@@ -549,6 +549,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
         params.bwd_sm80_variant = bwd_sm80_variant();
+        params.bwd_ws_d256 = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_D256", false);
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -814,6 +815,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
         params.bwd_sm80_variant = bwd_sm80_variant();
+        params.bwd_ws_d256 = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_D256", false);
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);

@@ -25,6 +25,10 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream);
 // Its dropout calls (kFeat with dropout; instantiations/flash_bwd_ws_sm90_hdim*_*_drop.cu).
 template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
+// Head dim 256, plain calls: its split-d form (instantiations/flash_bwd_ws_sm90_hdim256_*.cu),
+// when params.bwd_ws_d256 is set.
+template <typename Element>
+bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream);
 #endif
 
 template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
@@ -99,6 +103,11 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
             run_mha_bwd_sm90<Element, kHeadDim, kFeat>(params, stream);
             return;
         }
+    }
+#endif
+#ifdef FLASH_ATTN_SM90A
+    if constexpr (kHeadDim == 256 && !kFeat) {
+        if (params.use_sm90 && params.bwd_ws && run_mha_bwd_ws_sm90_d256<Element>(params, stream)) return;
     }
 #endif
     if constexpr (kHeadDim <= 64) {

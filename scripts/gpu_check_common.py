@@ -13,9 +13,9 @@ check_main: the command line shared by those scripts ([--no-bench] [--bench-only
 
 random_qkv_dout: fresh random q, k, v (leaves requiring grad) and dout of a case's shape.
 
-bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
-not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
-first variant is the baseline of the printed ratios.
+bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128 (or the
+given head dims), causal or not, for a list of (tag, forward keyword arguments, environment for
+the backward) variants; the first variant is the baseline of the printed ratios.
 """
 
 import argparse
@@ -68,14 +68,14 @@ def random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed):
     return q, k, v, dout
 
 
-def bench_backward_variants(variants):
+def bench_backward_variants(variants, head_dims=(64, 128)):
     import torch
     import triton.testing
 
     from flash_attn import flash_attn_func
 
     print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
-    for d in (64, 128):
+    for d in head_dims:
         for causal in (False, True):
             h = 2048 // d
             q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -8,8 +8,9 @@
 //   producer warpgroup (one thread): per query block, TMA loads of Q, dO (64 x d tiles) and of the
 //       LSE and softmax_d rows (64 floats each, 1-D boxes) into stage s of a kStages-deep ring,
 //       all on stage s's full barrier (PipelineTmaAsync); it runs ahead until the ring is full.
-//   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block): K and V once (cp.async,
-//       zero-filled past seqlen_k, as today), then per query block
+//   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block; kSplitD, head dim 256: the
+//       same 64 keys, head-dim halves of dK / dV / dQ, see BwdKernelTraitsSm90SplitD): K and V
+//       once (cp.async, zero-filled past seqlen_k, as today), then per query block
 //         wait full[s]
 //         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q   (as today)
 //         dS^T -> dS buffer (block parity); named barrier kdS over the 256 consumer threads
@@ -387,7 +388,8 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
 
     // ---- MMA operands ----
     typename Traits::TiledMmaSdP tiled_mma_sdp;
-    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
+    // kSplitD: each warpgroup computes the whole S^T / dP^T tile with its own 128-thread MMA.
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(Traits::kSplitD ? tidx % 128 : tidx);
     Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);    // smem descriptors
     Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
@@ -563,7 +565,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                                                  tdKrQt(_, _, _, stage), acc_dk);
 
         // dQ = dS K over the whole key block: dS^T of both warpgroups through shared memory.
-        {
+        // kSplitD: both warpgroups hold the whole dS^T; each writes the 32 keys of two of its warps
+        // (warp i of a warpgroup holds accumulator rows 16 i .. 16 i + 15).
+        if (!Traits::kSplitD || (tidx % 128) / 64 == tidx / 128) {
             Tensor tdSsdSt_buf = tdSsdSt(_, _, _, ds_buf);
             cute::copy(rdS, tdSsdSt_buf);
         }

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""GPU check of the warp-specialised sm_90a backward at head dim 256 (branch ws-bwd-d256: kSplitD in
+csrc/hopper/kernel_traits_bwd_ws_sm90.h, run_mha_bwd_ws_sm90_d256; FLASH_ATTN_BWD_WS_D256=1, off
+by default until this check passes on the H200).
+
+Each case runs in its own process under a timeout (a named-barrier mistake hangs rather than fails):
+the backward of plain calls (no softcap / ALiBi / dropout / deterministic) with the switch on (the
+split-d WS kernel: 64-key CTAs, the two consumer warpgroups split the head dim) and off (the
+SM80-class kernel), both against the fp32 naive reference (the suite's rule; NaN fails), and the
+profiler shows the WS kernel ran. Cases: fp16 / bf16, d256 and d below it (200, 232: zero-filled
+columns), causal and not, windows, GQA / MQA, odd lengths (1, 17, 113, 1023), a single query or
+key block, varlen.
+
+Then times the d256 backward at bf16 8k: SM80-class kernel vs split-d WS kernel.
+
+    python scripts/check_bwd_ws_d256.py [--no-bench] [--bench-only] [--timeout 60]
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
+
+from gpu_check_common import bench_backward_variants, check_main, env_set, random_qkv_dout  # noqa: E402
+
+ENV_ON = {"FLASH_ATTN_BWD_WS_D256": "1"}
+ENV_OFF = {"FLASH_ATTN_BWD_WS_D256": "0"}
+
+# (dtype, d, b, sq, sk, h, hk, causal, window, varlen)
+CASES = [
+    ("bf16", 256, 2, 1024, 1024, 4, 4, False, (-1, -1), False),
+    ("bf16", 256, 2, 1024, 1024, 4, 4, True, (-1, -1), False),
+    ("fp16", 256, 1, 1000, 1300, 6, 2, False, (-1, -1), False),
+    ("fp16", 256, 1, 1300, 1000, 6, 2, True, (-1, -1), False),
+    ("bf16", 256, 3, 113, 203, 4, 1, True, (-1, -1), False),
+    ("bf16", 256, 1, 17, 1023, 2, 2, False, (-1, -1), False),
+    ("fp16", 256, 2, 64, 64, 4, 2, False, (-1, -1), False),    # one query block, one key block
+    ("bf16", 256, 1, 1, 300, 2, 2, False, (-1, -1), False),
+    ("bf16", 256, 1, 777, 900, 2, 1, False, (100, 20), False),
+    ("bf16", 200, 2, 300, 257, 4, 2, True, (-1, -1), False),
+    ("fp16", 232, 1, 129, 65, 2, 2, False, (-1, -1), False),
+    ("fp16", 256, 3, 300, 257, 4, 2, True, (-1, -1), True),
+    ("bf16", 256, 3, 1, 77, 4, 4, False, (-1, -1), True),
+]
+
+
+def run_case(idx):
+    import torch
+
+    import fa_test_utils as U
+    import flash_attn
+
+    assert hasattr(torch.ops.flash_attn, "_flash_attn_varlen_forward"), f"custom ops not registered by {flash_attn}"
+
+    dtype_name, d, b, sq, sk, h, hk, causal, window, varlen = CASES[idx]
+    dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
+    q, k, v, dout = random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed=3000 + idx)
+    wl, wr = window
+    if causal:
+        wr = 0
+    scale = d ** -0.5
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    if varlen:
+        # Every sequence at full length (the reference is the dense one); the kernel sees the
+        # packed (total, h, d) layout, per-sequence row offsets and the varlen LSE / dq_accum.
+        cu_q = torch.arange(0, (b + 1) * sq, sq, device="cuda", dtype=torch.int32)
+        cu_k = torch.arange(0, (b + 1) * sk, sk, device="cuda", dtype=torch.int32)
+        flat = [t.reshape(-1, *t.shape[2:]) for t in (qd, kd, vd)]
+        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_varlen_forward(
+            *flat, cu_q, cu_k, sq, sk, 0.0, scale, causal, wl, wr, 0.0, None, False)
+    else:
+        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_forward(
+            qd, kd, vd, 0.0, scale, causal, wl, wr, 0.0, None, False)
+
+    def bwd(env):
+        with env_set(env):
+            if varlen:
+                dq, dk, dv = (torch.empty_like(t) for t in flat)
+                torch.ops.flash_attn._flash_attn_varlen_backward(
+                    dout.reshape(-1, h, d), *flat, out, lse, dq, dk, dv, cu_q, cu_k, sq, sk, 0.0, scale, causal, wl,
+                    wr, 0.0, None, False, rng_state)
+                g = (dq.view(b, sq, h, d), dk.view(b, sk, hk, d), dv.view(b, sk, hk, d))
+            else:
+                dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+                torch.ops.flash_attn._flash_attn_backward(
+                    dout, qd, kd, vd, out, lse, dq, dk, dv, 0.0, scale, causal, wl, wr, 0.0, None, False, rng_state)
+                g = (dq, dk, dv)
+            torch.cuda.synchronize()
+        return g
+
+    ws = bwd(ENV_ON)
+    sm80 = bwd(ENV_OFF)
+    feats = dict(window_size=(wl, wr) if not causal else (wl, 0))
+    (out_ref, _, *g_ref), (out_pt, *g_pt) = U.ref_fwd_bwd(q, k, v, dout, causal, **feats)
+    notes = []
+    for i, n in enumerate(("dq", "dk", "dv")):
+        U.assert_close_to_ref(f"{n} ws", ws[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
+        U.assert_close_to_ref(f"{n} sm80", sm80[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
+        notes.append(f"{n} ~{U.max_err(ws[i], sm80[i]):.1e}")
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        bwd(ENV_ON)
+    names = [e.key for e in prof.key_averages()]
+    assert any("flash_bwd_ws_kernel_sm90" in n for n in names), \
+        f"WS kernel did not run: {[n for n in names if 'bwd' in n]}"
+    return "WS vs SM80-class: " + ", ".join(notes)
+
+
+def bench():
+    bench_backward_variants([("SM80-class", {}, ENV_OFF), ("WS split-d", {}, ENV_ON)], head_dims=(256,))
+
+
+def main():
+    return check_main(__file__, CASES, run_case, lambda args: bench(), default_timeout=60, label_width=60)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
