@@ -16,7 +16,8 @@
 #                                          # forward check + timing; suite
 #   PART=X bash scripts/validate_h200.sh   # branch next (s10): build 64/128/256; persistent forward
 #                                          # check + timing; d256 backward variants check + A/B
-#   PART=Y bash scripts/validate_h200.sh   # the suite and feature costs on that build
+#   PART=Y bash scripts/validate_h200.sh   # on that build: the d256 WS backward's check + bench;
+#                                          # the suite; feature costs
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -101,7 +102,7 @@ case ${PART:-A} in
     TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
     TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
   X)
-    # Branch next (session 10 -> 11: ws-persistent-fix + bwd256-variants), one build for both:
+    # Branch next (session 10 -> 11: ws-persistent-fix + bwd256-variants + ws-bwd-d256), one build:
     # head dims 64 / 128 / 256; the persistent forward's check and timing; the d256 backward
     # variants' check and A/B against FA2. PART=Y then runs the suite and the feature costs on it.
     export FLASH_ATTN_HEAD_DIMS=64,128,256
@@ -109,8 +110,11 @@ case ${PART:-A} in
     TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
     TAIL=30 step check_bwd_sm80_variants 120 $PY scripts/check_bwd_sm80_variants.py ;;
   Y)
+    # + ws-bwd-d256 (session 10): the split-d WS backward at head dim 256 (FLASH_ATTN_BWD_WS_D256=1),
+    # each case in its own process under a timeout, then timed against the SM80-class kernel.
     export FLASH_ATTN_HEAD_DIMS=64,128,256
     built || build
+    TAIL=20 step check_bwd_ws_d256 130 $PY scripts/check_bwd_ws_d256.py --timeout 60
     TAIL=3 step test 250 $PY -m pytest tests -q -x
     TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
   E)
