@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, check_main, env_set, random_qkv_dout  # noqa: E402
+from gpu_check_common import bench_backward_variants, check_main, custom_op_fwd_bwd, random_qkv_dout  # noqa: E402
 
 ENV_ON = {"FLASH_ATTN_BWD_WS_D256": "1"}
 ENV_OFF = {"FLASH_ATTN_BWD_WS_D256": "0"}
@@ -57,38 +57,8 @@ def run_case(idx):
     dtype_name, d, b, sq, sk, h, hk, causal, window, varlen = CASES[idx]
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
     q, k, v, dout = random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed=3000 + idx)
+    _, _, _, bwd = custom_op_fwd_bwd(q, k, v, dout, causal, window, varlen=varlen)
     wl, wr = window
-    if causal:
-        wr = 0
-    scale = d ** -0.5
-    qd, kd, vd = q.detach(), k.detach(), v.detach()
-    if varlen:
-        # Every sequence at full length (the reference is the dense one); the kernel sees the
-        # packed (total, h, d) layout, per-sequence row offsets and the varlen LSE / dq_accum.
-        cu_q = torch.arange(0, (b + 1) * sq, sq, device="cuda", dtype=torch.int32)
-        cu_k = torch.arange(0, (b + 1) * sk, sk, device="cuda", dtype=torch.int32)
-        flat = [t.reshape(-1, *t.shape[2:]) for t in (qd, kd, vd)]
-        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_varlen_forward(
-            *flat, cu_q, cu_k, sq, sk, 0.0, scale, causal, wl, wr, 0.0, None, False)
-    else:
-        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_forward(
-            qd, kd, vd, 0.0, scale, causal, wl, wr, 0.0, None, False)
-
-    def bwd(env):
-        with env_set(env):
-            if varlen:
-                dq, dk, dv = (torch.empty_like(t) for t in flat)
-                torch.ops.flash_attn._flash_attn_varlen_backward(
-                    dout.reshape(-1, h, d), *flat, out, lse, dq, dk, dv, cu_q, cu_k, sq, sk, 0.0, scale, causal, wl,
-                    wr, 0.0, None, False, rng_state)
-                g = (dq.view(b, sq, h, d), dk.view(b, sk, hk, d), dv.view(b, sk, hk, d))
-            else:
-                dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
-                torch.ops.flash_attn._flash_attn_backward(
-                    dout, qd, kd, vd, out, lse, dq, dk, dv, 0.0, scale, causal, wl, wr, 0.0, None, False, rng_state)
-                g = (dq, dk, dv)
-            torch.cuda.synchronize()
-        return g
 
     ws = bwd(ENV_ON)
     sm80 = bwd(ENV_OFF)
