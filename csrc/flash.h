@@ -204,8 +204,9 @@ struct BwdParams : FwdParams {
     int bwd_sm80_variant;
     // Head dim 256 plain calls on the warp-specialised split-d backward (hopper/
     // flash_bwd_ws_launch_sm90.h, run_mha_bwd_ws_sm90_d256) when bwd_ws is set too: set by the
-    // binding from FLASH_ATTN_BWD_WS_D256 (default off: not yet checked on a GPU).
-    bool bwd_ws_d256;
+    // binding from FLASH_ATTN_BWD_WS_D256 (0 = off, the default: not yet checked on a GPU; 1 =
+    // the redundant form; 2 = the exchange form).
+    int bwd_ws_d256;
 };
 
 inline bool has_features(const BwdParams &p) {

@@ -159,6 +159,17 @@ bool env_switch(const char *name, bool default_value) {
 // serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
+// FLASH_ATTN_BWD_WS_D256: 0 (unset: the SM80-class backward at head dim 256), 1 (the split-d
+// warp-specialised backward) or 2 (its exchange form); read at each call (BwdParams::bwd_ws_d256).
+int bwd_ws_d256_mode() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_D256");
+    if (env == nullptr || env[0] == '\0') return 0;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
+                "flash_attn: FLASH_ATTN_BWD_WS_D256 must be '0', '1' or '2', got '", choice, "'");
+    return choice[0] - '0';
+}
+
 // The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
 // FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK), 0 (after), or the A/B variants 3, 5, 7
 // (bits in csrc/flash_bwd_kernel.h), read at each call.
@@ -549,7 +560,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
         params.bwd_sm80_variant = bwd_sm80_variant();
-        params.bwd_ws_d256 = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_D256", false);
+        params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -815,7 +826,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
         params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
         params.bwd_sm80_variant = bwd_sm80_variant();
-        params.bwd_ws_d256 = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_D256", false);
+        params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);
