@@ -159,8 +159,6 @@ bool env_switch(const char *name, bool default_value) {
 // serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
-// The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
-// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK) or 0 (after), read at each call.
 // FLASH_ATTN_BWD_WS_D256: 0 (unset: the SM80-class backward at head dim 256), 1 (the split-d
 // warp-specialised backward) or 2 (its exchange form); read at each call (BwdParams::bwd_ws_d256).
 int bwd_ws_d256_mode() {
@@ -172,6 +170,8 @@ int bwd_ws_d256_mode() {
     return choice[0] - '0';
 }
 
+// The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
+// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK) or 0 (after), read at each call.
 int bwd_sm80_variant() { return env_switch("FLASH_ATTN_BWD_SM80_VARIANT", true) ? 1 : 0; }
 
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
