@@ -110,11 +110,11 @@ case ${PART:-A} in
     TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
     TAIL=30 step check_bwd_sm80_variants 120 $PY scripts/check_bwd_sm80_variants.py ;;
   Y)
-    # + ws-bwd-d256 (session 10): the split-d WS backward at head dim 256 (FLASH_ATTN_BWD_WS_D256=1),
+    # + ws-bwd-d256 (session 10): the split-d WS backward at head dim 256 (FLASH_ATTN_BWD_WS_D256=1 / 2),
     # each case in its own process under a timeout, then timed against the SM80-class kernel.
     export FLASH_ATTN_HEAD_DIMS=64,128,256
     built || build
-    TAIL=20 step check_bwd_ws_d256 130 $PY scripts/check_bwd_ws_d256.py --timeout 60
+    TAIL=20 step check_bwd_ws_d256 180 $PY scripts/check_bwd_ws_d256.py --timeout 60
     TAIL=3 step test 250 $PY -m pytest tests -q -x
     TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
   E)
