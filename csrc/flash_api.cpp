@@ -206,6 +206,17 @@ bool bwd_ws_dq_tma_enabled() {
 
 bool bwd_ws_overlap_enabled() { return env_switch("FLASH_ATTN_BWD_WS_OVERLAP", false); }
 
+// The backward's run-time kernel switches above (read at each call, so that one process can time
+// both settings), for the dense and the varlen binding alike.
+void set_backward_switches(flash::BwdParams &params) {
+    params.bwd_ws = bwd_ws_enabled();
+    params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
+    params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
+    params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
+    params.bwd_sm80_variant = bwd_sm80_variant();
+    params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
+}
+
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
 void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
@@ -555,12 +566,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
         params.dv_head_stride = dv_expanded.stride(2);
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
-        params.bwd_ws = bwd_ws_enabled();
-        params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
-        params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
-        params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
-        params.bwd_sm80_variant = bwd_sm80_variant();
-        params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
+        set_backward_switches(params);
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         if (h_k != h) {
@@ -821,12 +827,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         params.softmax_d_ptr = softmax_d.data_ptr<float>();
         params.seqlen_q_rounded = seqlen_q_rounded;
         params.accum_rows = accum_rows;
-        params.bwd_ws = bwd_ws_enabled();
-        params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
-        params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
-        params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
-        params.bwd_sm80_variant = bwd_sm80_variant();
-        params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
+        set_backward_switches(params);
         const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
         check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
         zero_tail(dq, cu_seqlens_q, b);
