@@ -145,7 +145,7 @@ def dropout_keep_ref(seed, offset, batch, nheads, seqlen_q, seqlen_k, dropout_p)
     x, z, w = [np.broadcast_to(a, shape) for a in (x, z, w)]
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     words = philox4x32((x & np.uint64(0xFFFFFFFF), x >> np.uint64(32), z, w),
-                          (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
+                       (np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)))
     byte = ((col % np.uint64(128)) // np.uint64(32)) * np.uint64(4) + \
         ((row % np.uint64(16)) // np.uint64(8)) * np.uint64(2) + col % np.uint64(2)
     byte = np.broadcast_to(byte, shape)

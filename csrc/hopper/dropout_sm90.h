@@ -147,7 +147,7 @@ __forceinline__ __device__ void dropout_bwd_generate2(Dropout const &dropout, ui
     const uint32_t z = uint32_t(m_block) * 128u + uint32_t(64 * h + 4 * r8 + c4);
     const uint4 r0 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z, dropout.bh), dropout.k0, dropout.k1);
     const uint4 r1 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, dropout.bh), dropout.k0,
-                                   dropout.k1);
+                                dropout.k1);
     uint2 *dst = reinterpret_cast<uint2 *>(flags + DropoutBwdLayout2::index(4 * c32 + c4, r8, 2 * h));
     CUTE_UNROLL
     for (int w = 0; w < 4; ++w) {  // kp + 16 w: + 512 words
