@@ -204,8 +204,8 @@ struct BwdParams : FwdParams {
     int bwd_sm80_variant;
     // Head dim 256 plain calls on the warp-specialised split-d backward (hopper/
     // flash_bwd_ws_launch_sm90.h, run_mha_bwd_ws_sm90_d256) when bwd_ws is set too: set by the
-    // binding from FLASH_ATTN_BWD_WS_D256 (0 = off, the default: not yet checked on a GPU; 1 =
-    // the redundant form; 2 = the exchange form).
+    // binding from FLASH_ATTN_BWD_WS_D256 (2 = the exchange form, the default since session 11;
+    // 1 = the redundant form; 0 = off).
     int bwd_ws_d256;
 };
 

@@ -159,11 +159,13 @@ bool env_switch(const char *name, bool default_value) {
 // serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
-// FLASH_ATTN_BWD_WS_D256: 0 (unset: the SM80-class backward at head dim 256), 1 (the split-d
-// warp-specialised backward) or 2 (its exchange form); read at each call (BwdParams::bwd_ws_d256).
+// FLASH_ATTN_BWD_WS_D256: the head-dim 256 plain backward (BwdParams::bwd_ws_d256), read at each
+// call. 2 (unset: the warp-specialised split-d backward in its exchange form: 288 TFLOP/s at bf16 8k
+// on the H200, session 11, against 208 for the SM80-class kernel and 261 for FA2), 1 (the
+// redundant form, 245 TFLOP/s) or 0 (the SM80-class kernel).
 int bwd_ws_d256_mode() {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_D256");
-    if (env == nullptr || env[0] == '\0') return 0;
+    if (env == nullptr || env[0] == '\0') return 2;
     const std::string choice(env);
     FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
                 "flash_attn: FLASH_ATTN_BWD_WS_D256 must be '0', '1' or '2', got '", choice, "'");

@@ -151,14 +151,14 @@ def cases(headdims=(64, 128, 256), dtypes=(torch.bfloat16, torch.float16)):
         ("bf16 d128 causal window (100, 0), sq > sk", lambda: check_dense(bf, 128, 2, 900, 600, 4, 4, True, (100, 0))),
         ("bf16 d128 window (0, 0) sq >> sk (tiles without work)",
          lambda: check_dense(bf, 128, 3, 2000, 150, 4, 2, False, (0, 0))),
-        ("bf16 d96->tile 128", lambda: check_dense(bf, 96, 2, 300, 333, 4, 2, True)),
+        ("bf16 d112->tile 128", lambda: check_dense(bf, 112, 2, 300, 333, 4, 2, True)),
         ("fp16 d40->tile 64", lambda: check_dense(torch.float16, 40, 2, 257, 190, 2, 2, False)),
         ("varlen bf16 d128 causal gqa", lambda: check_varlen(bf, 128, [1, 17, 300, 129, 0, 2000], [5, 300, 17, 129, 3, 2000],
                                                              6, 2, True)),
         ("varlen fp16 d64 full", lambda: check_varlen(torch.float16, 64, [200, 1, 64, 0], [64, 200, 1, 9], 4, 4, False)),
         ("varlen bf16 d256 causal", lambda: check_varlen(bf, 256, [130, 7, 260, 1500], [260, 7, 130, 1500], 2, 2, True)),
     ]
-    tile = {40: 64, 64: 64, 96: 128, 128: 128, 256: 256}
+    tile = {40: 64, 64: 64, 112: 128, 128: 128, 256: 256}
     for name, fn in extra:
         d = int(name.split(" d")[1].split()[0].split("-")[0])
         if tile[d] in headdims:

@@ -18,6 +18,8 @@
 #                                          # check + timing; d256 backward variants check + A/B
 #   PART=Y bash scripts/validate_h200.sh   # on that build: the d256 WS backward's check + bench;
 #                                          # the suite; feature costs
+#   PART=G bash scripts/validate_h200.sh   # full build; suite; feature costs (then PART=C)
+#   PART=C bash scripts/validate_h200.sh   # decode; varlen; llama; grid (PART=B without its A/B steps)
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -70,6 +72,17 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60 ;;
+  G)
+    # Session 11 final, first call: full build; the suite; feature costs.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
+  C)
+    built || build
+    TAIL=6 step decode 45 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
+    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),
