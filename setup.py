@@ -127,6 +127,9 @@ def _extensions():
                 # and dropout ("_drop") calls.
                 sources += [f"csrc/instantiations/flash_bwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
                             for variant in ("", "_mod", "_drop")]
+            if "90" in archs and d == 256:
+                # Its split-d form at head dim 256 (plain calls; FLASH_ATTN_BWD_WS_D256=1).
+                sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim256_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

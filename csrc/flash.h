@@ -202,6 +202,11 @@ struct BwdParams : FwdParams {
     // before the dK GEMM (upstream FA2's order: the reductions drain under dK; 4% faster on the
     // H200, session 10), 0 after it (the order before session 10), for A/B.
     int bwd_sm80_variant;
+    // Head dim 256 plain calls on the warp-specialised split-d backward (hopper/
+    // flash_bwd_ws_launch_sm90.h, run_mha_bwd_ws_sm90_d256) when bwd_ws is set too: set by the
+    // binding from FLASH_ATTN_BWD_WS_D256 (2 = the exchange form, the default since session 11;
+    // 1 = the redundant form; 0 = off).
+    int bwd_ws_d256;
 };
 
 inline bool has_features(const BwdParams &p) {

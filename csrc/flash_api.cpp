@@ -159,19 +159,36 @@ bool env_switch(const char *name, bool default_value) {
 // serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
-// The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
-// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK) or 0 (after), read at each call.
-int bwd_sm80_variant() { return env_switch("FLASH_ATTN_BWD_SM80_VARIANT", true) ? 1 : 0; }
-
-// FLASH_ATTN_FWD_WS_PERSISTENT=1 would run the plain warp-specialised forward as one CTA per SM
-// walking the tiles. Disabled: on the H200 (session 7) it hangs as soon as a CTA gets a second tile
-// (it passes while every CTA has one); the kernel stays for the fix (docs/perf-notes.md).
-bool fwd_ws_persistent_enabled() {
-    FLASH_CHECK(!env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false),
-                "flash_attn: FLASH_ATTN_FWD_WS_PERSISTENT=1 is disabled (the persistent forward hangs when a CTA "
-                "walks more than one tile); unset it or set it to 0");
-    return false;
+// FLASH_ATTN_BWD_WS_D256: the head-dim 256 plain backward (BwdParams::bwd_ws_d256), read at each
+// call. 2 (unset: the warp-specialised split-d backward in its exchange form: 288 TFLOP/s at bf16 8k
+// on the H200, session 11, against 208 for the SM80-class kernel and 261 for FA2), 1 (the
+// redundant form, 245 TFLOP/s) or 0 (the SM80-class kernel).
+int bwd_ws_d256_mode() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_D256");
+    if (env == nullptr || env[0] == '\0') return 2;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
+                "flash_attn: FLASH_ATTN_BWD_WS_D256 must be '0', '1' or '2', got '", choice, "'");
+    return choice[0] - '0';
 }
+
+// The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
+// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK), 0 (after), or the A/B variants 3, 5, 7
+// (bits in csrc/flash_bwd_kernel.h), read at each call.
+int bwd_sm80_variant() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_SM80_VARIANT");
+    if (env == nullptr || env[0] == '\0') return 1;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1" || choice == "3" || choice == "5" || choice == "7",
+                "flash_attn: FLASH_ATTN_BWD_SM80_VARIANT must be 0, 1, 3, 5 or 7, got '", choice, "'");
+    return choice[0] - '0';
+}
+
+// FLASH_ATTN_FWD_WS_PERSISTENT=1 runs the plain warp-specialised forward as one CTA per SM walking
+// the tiles (read at each call, for A/B). Default off: on the H200 (session 7) it hung as soon as
+// a CTA got a second tile; session 10 found the cause (the consumers' V pipeline state was not
+// advanced past a tile's last V slot), not yet checked on a GPU (scripts/check_fwd_ws_persistent.py).
+bool fwd_ws_persistent_enabled() { return env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false); }
 
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma (the default since session 8) writes each query
@@ -199,6 +216,7 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
     params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
     params.bwd_sm80_variant = bwd_sm80_variant();
+    params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least

@@ -25,12 +25,17 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream);
 // Its dropout calls (kFeat with dropout; instantiations/flash_bwd_ws_sm90_hdim*_*_drop.cu).
 template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
+// Head dim 256, plain calls: its split-d form (instantiations/flash_bwd_ws_sm90_hdim256_*.cu),
+// when params.bwd_ws_d256 is set.
+template <typename Element>
+bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream);
 #endif
 
 template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
     launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
-        constexpr int smem_size = Traits::kSmemSize;
+        // kVariant & 2 (flash_bwd_kernel.h): one dO buffer instead of two.
+        constexpr int smem_size = Traits::kSmemSize - ((kVariant & 2) != 0 ? Traits::kSmemQdOSize : 0);
         auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic, kVariant>;
         if (smem_size >= 48 * 1024) {
             FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
@@ -100,6 +105,11 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         }
     }
 #endif
+#ifdef FLASH_ATTN_SM90A
+    if constexpr (kHeadDim == 256 && !kFeat) {
+        if (params.use_sm90 && params.bwd_ws && run_mha_bwd_ws_sm90_d256<Element>(params, stream)) return;
+    }
+#endif
     if constexpr (kHeadDim <= 64) {
         launch_bwd<BwdKernelTraits<kHeadDim, 128, 128, 8, 4, 4, 4, Element>, kFeat>(params, stream);
     } else if constexpr (kHeadDim <= 96) {
@@ -111,11 +121,13 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         if constexpr (kFeat) {
             launch_bwd_feat<Traits>(params, stream);
         } else {
-            // dQ before dK (default) or after it, for A/B (params.bwd_sm80_variant, flash.h).
-            if (params.bwd_sm80_variant == 0) {
-                launch_bwd<Traits, false>(params, stream);
-            } else {
-                launch_bwd<Traits, false, 0, 1>(params, stream);
+            // A/B (params.bwd_sm80_variant, flash.h; bits in flash_bwd_kernel.h).
+            switch (params.bwd_sm80_variant) {
+                case 0: launch_bwd<Traits, false>(params, stream); break;
+                case 3: launch_bwd<Traits, false, 0, 3>(params, stream); break;
+                case 5: launch_bwd<Traits, false, 0, 5>(params, stream); break;
+                case 7: launch_bwd<Traits, false, 0, 7>(params, stream); break;
+                default: launch_bwd<Traits, false, 0, 1>(params, stream); break;
             }
         }
     }

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, check_main, env_set, random_qkv_dout  # noqa: E402
+from gpu_check_common import bench_backward_variants, check_main, custom_op_fwd_bwd, random_qkv_dout  # noqa: E402
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
 CASES = [
@@ -56,49 +56,17 @@ def run_case(idx):
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
     q, k, v, dout = random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed=2000 + idx)
     slopes = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5 if alibi else None
+    out, lse, rng_state, bwd = custom_op_fwd_bwd(q, k, v, dout, causal, window, p, slopes, varlen)
     wl, wr = window
-    if causal:
-        wr = 0
-    scale = d ** -0.5
-    qd, kd, vd = q.detach(), k.detach(), v.detach()
-    if varlen:
-        # Every sequence at full length (the reference is the dense one); the kernel sees the
-        # packed (total, h, d) layout, per-sequence row offsets and the varlen LSE / dq_accum.
-        cu_q = torch.arange(0, (b + 1) * sq, sq, device="cuda", dtype=torch.int32)
-        cu_k = torch.arange(0, (b + 1) * sk, sk, device="cuda", dtype=torch.int32)
-        flat = [t.reshape(-1, *t.shape[2:]) for t in (qd, kd, vd)]
-        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_varlen_forward(
-            *flat, cu_q, cu_k, sq, sk, p, scale, causal, wl, wr, 0.0, slopes, False)
-    else:
-        out, lse, _, rng_state = torch.ops.flash_attn._flash_attn_forward(
-            qd, kd, vd, p, scale, causal, wl, wr, 0.0, slopes, False)
     seed, offset = rng_state.tolist()
     mask = U.dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()
-
-    def bwd(env):
-        with env_set(env):
-            if varlen:
-                dq, dk, dv = (torch.empty_like(t) for t in flat)
-                torch.ops.flash_attn._flash_attn_varlen_backward(
-                    dout.reshape(-1, h, d), *flat, out, lse, dq, dk, dv, cu_q, cu_k, sq, sk, p, scale, causal, wl,
-                    wr, 0.0, slopes, False, rng_state)
-                g = (dq.view(b, sq, h, d), dk.view(b, sk, hk, d), dv.view(b, sk, hk, d))
-            else:
-                dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
-                torch.ops.flash_attn._flash_attn_backward(
-                    dout, qd, kd, vd, out, lse, dq, dk, dv, p, scale, causal, wl, wr, 0.0, slopes, False,
-                    rng_state)
-                g = (dq, dk, dv)
-            torch.cuda.synchronize()
-        return g
 
     ws = bwd({})
     lock = bwd({"FLASH_ATTN_BWD_WS_DROPOUT": "0"})
     feats = dict(window_size=(wl, wr) if not causal else (wl, 0), alibi_slopes=slopes, dropout_p=p,
                  dropout_mask=mask)
     (out_ref, _, *g_ref), (out_pt, *g_pt) = U.ref_fwd_bwd(q, k, v, dout, causal, **feats)
-    out_dense = out.view(b, sq, h, d)
-    U.assert_close_to_ref("out", out_dense, out_ref, out_pt, U.OUT_SLACK)
+    U.assert_close_to_ref("out", out, out_ref, out_pt, U.OUT_SLACK)
     notes = []
     for i, n in enumerate(("dq", "dk", "dv")):
         U.assert_close_to_ref(f"{n} ws", ws[i], g_ref[i], g_pt[i], U.GRAD_SLACK, factor=3)

@@ -13,9 +13,12 @@ check_main: the command line shared by those scripts ([--no-bench] [--bench-only
 
 random_qkv_dout: fresh random q, k, v (leaves requiring grad) and dout of a case's shape.
 
-bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128, causal or
-not, for a list of (tag, forward keyword arguments, environment for the backward) variants; the
-first variant is the baseline of the printed ratios.
+custom_op_fwd_bwd: the forward through the flash_attn custom ops (dense, or varlen with every
+sequence at full length) and a function that runs the backward through them under an environment.
+
+bench_backward_variants: backward times at bf16 8k (batch 2, hidden 2048), d64 / d128 (or the
+given head dims), causal or not, for a list of (tag, forward keyword arguments, environment for
+the backward) variants; the first variant is the baseline of the printed ratios.
 """
 
 import argparse
@@ -68,14 +71,59 @@ def random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed):
     return q, k, v, dout
 
 
-def bench_backward_variants(variants):
+def custom_op_fwd_bwd(q, k, v, dout, causal, window, dropout_p=0.0, alibi_slopes=None, varlen=False):
+    """Runs the forward of q (b, sq, h, d), k, v (b, sk, hk, d) through the custom op
+    flash_attn::_flash_attn_forward, or (varlen) _flash_attn_varlen_forward on the packed
+    (total, h, d) layout with every sequence at full length, so that the dense naive reference
+    applies. Returns (out (b, sq, h, d), lse, rng_state, bwd): bwd(env) runs the matching backward
+    custom op with the environment variables `env` set and returns (dq, dk, dv) in the dense shapes."""
+    import torch
+
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    wl, wr = window
+    if causal:
+        wr = 0
+    scale = d ** -0.5
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    ops = torch.ops.flash_attn
+    if varlen:
+        cu_q = torch.arange(0, (b + 1) * sq, sq, device="cuda", dtype=torch.int32)
+        cu_k = torch.arange(0, (b + 1) * sk, sk, device="cuda", dtype=torch.int32)
+        flat = [t.reshape(-1, *t.shape[2:]) for t in (qd, kd, vd)]
+        out, lse, _, rng_state = ops._flash_attn_varlen_forward(
+            *flat, cu_q, cu_k, sq, sk, dropout_p, scale, causal, wl, wr, 0.0, alibi_slopes, False)
+    else:
+        out, lse, _, rng_state = ops._flash_attn_forward(
+            qd, kd, vd, dropout_p, scale, causal, wl, wr, 0.0, alibi_slopes, False)
+
+    def bwd(env):
+        with env_set(env):
+            if varlen:
+                dq, dk, dv = (torch.empty_like(t) for t in flat)
+                ops._flash_attn_varlen_backward(
+                    dout.reshape(-1, h, d), *flat, out, lse, dq, dk, dv, cu_q, cu_k, sq, sk, dropout_p, scale,
+                    causal, wl, wr, 0.0, alibi_slopes, False, rng_state)
+                grads = (dq.view(b, sq, h, d), dk.view(b, sk, hk, d), dv.view(b, sk, hk, d))
+            else:
+                dq, dk, dv = torch.empty_like(qd), torch.empty_like(kd), torch.empty_like(vd)
+                ops._flash_attn_backward(dout, qd, kd, vd, out, lse, dq, dk, dv, dropout_p, scale, causal, wl, wr,
+                                         0.0, alibi_slopes, False, rng_state)
+                grads = (dq, dk, dv)
+            torch.cuda.synchronize()
+        return grads
+
+    return out.view(b, sq, h, d), lse, rng_state, bwd
+
+
+def bench_backward_variants(variants, head_dims=(64, 128)):
     import torch
     import triton.testing
 
     from flash_attn import flash_attn_func
 
     print("\nbackward ms, bf16, batch 2 x seqlen 8192, hidden 2048 (do_bench median)")
-    for d in (64, 128):
+    for d in head_dims:
         for causal in (False, True):
             h = 2048 // d
             q, k, v = (torch.randn(2, 8192, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -12,6 +12,14 @@
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
+#   PART=W bash scripts/validate_h200.sh   # branch ws-persistent-fix: WS head dims build; persistent
+#                                          # forward check + timing; suite
+#   PART=X bash scripts/validate_h200.sh   # branch next (s10): build 64/128/256; persistent forward
+#                                          # check + timing; d256 backward variants check + A/B
+#   PART=Y bash scripts/validate_h200.sh   # on that build: the d256 WS backward's check + bench;
+#                                          # the suite; feature costs
+#   PART=G bash scripts/validate_h200.sh   # full build; suite; feature costs (then PART=C)
+#   PART=C bash scripts/validate_h200.sh   # decode; varlen; llama; grid (PART=B without its A/B steps)
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -64,6 +72,17 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60 ;;
+  G)
+    # Session 11 final, first call: full build; the suite; feature costs.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
+  C)
+    built || build
+    TAIL=6 step decode 45 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
+    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),
@@ -74,18 +93,43 @@ case ${PART:-A} in
     TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat ;;
   V)
     # The d256 SM80-class backward's A/B (FLASH_ATTN_BWD_SM80_VARIANT, session 10): head dim 256
-    # build; each variant against the reference and timed against FA2; ncu of variants 0 / 1 with
+    # build; each variant against the reference and timed against FA2; ncu of variants 1 / 3 with
     # source counters; then the suite on this build (default variant).
     export FLASH_ATTN_HEAD_DIMS=256
     build
     TAIL=30 step check_bwd_sm80_variants 150 $PY scripts/check_bwd_sm80_variants.py
-    for var in 0 1; do
+    for var in 1 3; do
       TAIL=4 step ncu_bwd_d256_v$var 60 env FLASH_ATTN_BWD_SM80_VARIANT=$var ncu --clock-control none \
         -k regex:flash_bwd_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight \
         --section WarpStateStats --section SourceCounters --section InstructionStats \
         --section MemoryWorkloadAnalysis_Tables $PY scripts/bwd_profile_case.py ours 256
     done
     TAIL=3 step test 150 $PY -m pytest tests -q -x ;;
+  W)
+    # Branch ws-persistent-fix (session 10, not GPU-run): the persistent WS forward with the fix of
+    # its consumers' V pipeline state. check_fwd_ws_persistent.py: bitwise equal to the one-tile
+    # kernel and within the reference rule (tiles per CTA 0..~100), then both timed over seqlen
+    # 512..16k; a hang costs only the step's timeout. Then the suite.
+    export FLASH_ATTN_HEAD_DIMS=64,128,256
+    build
+    TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
+    TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
+  X)
+    # Branch next (session 10 -> 11: ws-persistent-fix + bwd256-variants + ws-bwd-d256), one build:
+    # head dims 64 / 128 / 256; the persistent forward's check and timing; the d256 backward
+    # variants' check and A/B against FA2. PART=Y then runs the suite and the feature costs on it.
+    export FLASH_ATTN_HEAD_DIMS=64,128,256
+    build
+    TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
+    TAIL=30 step check_bwd_sm80_variants 120 $PY scripts/check_bwd_sm80_variants.py ;;
+  Y)
+    # + ws-bwd-d256 (session 10): the split-d WS backward at head dim 256 (FLASH_ATTN_BWD_WS_D256=1 / 2),
+    # each case in its own process under a timeout, then timed against the SM80-class kernel.
+    export FLASH_ATTN_HEAD_DIMS=64,128,256
+    built || build
+    TAIL=20 step check_bwd_ws_d256 180 $PY scripts/check_bwd_ws_d256.py --timeout 60
+    TAIL=3 step test 250 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
   E)
     export FLASH_ATTN_HEAD_DIMS=64,128
     built || build

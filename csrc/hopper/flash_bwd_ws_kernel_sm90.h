@@ -8,8 +8,9 @@
 //   producer warpgroup (one thread): per query block, TMA loads of Q, dO (64 x d tiles) and of the
 //       LSE and softmax_d rows (64 floats each, 1-D boxes) into stage s of a kStages-deep ring,
 //       all on stage s's full barrier (PipelineTmaAsync); it runs ahead until the ring is full.
-//   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block): K and V once (cp.async,
-//       zero-filled past seqlen_k, as today), then per query block
+//   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block; kSplitD, head dim 256: the
+//       same 64 keys, head-dim halves of dK / dV / dQ, see BwdKernelTraitsSm90SplitD): K and V
+//       once (cp.async, zero-filled past seqlen_k, as today), then per query block
 //         wait full[s]
 //         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q   (as today)
 //         dS^T -> dS buffer (block parity); named barrier kdS over the 256 consumer threads
@@ -387,7 +388,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
 
     // ---- MMA operands ----
     typename Traits::TiledMmaSdP tiled_mma_sdp;
-    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
+    // kSplitD: each warpgroup computes the whole S^T / dP^T tile with its own 128-thread MMA (the
+    // exchange form: a 256-thread MMA, warpgroup w on queries [32 w, 32 w + 32)).
+    constexpr bool kExchange = Traits::kSplitDExchange;
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(Traits::kSplitD && !kExchange ? tidx % 128 : tidx);
     Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);    // smem descriptors
     Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
@@ -399,6 +403,16 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_K, buffer)
     Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);
     Tensor tdSsdSt = thr_mma_sdp.partition_C(sdSt);  // where this thread's dS^T elements go (.., buffer)
+    // The exchange form: P^T through shared memory too; dV / dK read both from there (SS).
+    auto [tPsPt, tdVrPt, tdKrdSt] = [&]() {
+        if constexpr (kExchange) {
+            Tensor sPt = make_tensor(make_smem_ptr(ss.smem_p.data()), typename Traits::SmemLayoutdSt{});
+            return cute::make_tuple(thr_mma_sdp.partition_C(sPt), thr_mma_dkv.partition_fragment_A(sPt),
+                                    thr_mma_dkv.partition_fragment_A(sdSt));
+        } else {
+            return cute::make_tuple(0, 0, 0);
+        }
+    }();
 
     // Accumulator coordinates: mode 0 = key (within the block), mode 1 = query row.
     Tensor coords_st = thr_mma_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
@@ -530,11 +544,17 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             cute::copy(converted, rP);
         }
         if constexpr (Traits::kDropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags(m_block), coords_st); }
-        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
-                                                 tdVrdOt(_, _, _, stage), acc_dv);
+        if constexpr (!kExchange) {
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
+                                                     tdVrdOt(_, _, _, stage), acc_dv);
+        }
 
         // dS^T = P^T * (dP^T - softmax_d); with dropout, dP^T of the kept elements / (1 - p).
-        warpgroup_wait<1>();  // dP^T ready (dV may still run)
+        if constexpr (kExchange) {
+            warpgroup_wait<0>();  // dP^T ready (no dV in flight: it waits for the exchange)
+        } else {
+            warpgroup_wait<1>();  // dP^T ready (dV may still run)
+        }
         warpgroup_fence_operand(acc_dp);
         if constexpr (Traits::kDropout) { dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags(m_block), coords_st); }
         const float dp_scale = Traits::kDropout ? params.rp_dropout : 1.f;
@@ -559,16 +579,30 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor converted = convert_type<Element>(acc_dp);
             cute::copy(converted, rdS);
         }
-        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
-                                                 tdKrQt(_, _, _, stage), acc_dk);
+        if constexpr (!kExchange) {
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
+                                                     tdKrQt(_, _, _, stage), acc_dk);
+        }
 
         // dQ = dS K over the whole key block: dS^T of both warpgroups through shared memory.
-        {
+        // kSplitD: both warpgroups hold the whole dS^T; each writes the 32 keys of two of its warps
+        // (warp i of a warpgroup holds accumulator rows 16 i .. 16 i + 15).
+        // (The exchange form: each warpgroup writes its 32 queries of dS^T and of P^T.)
+        if (!Traits::kSplitD || kExchange || (tidx % 128) / 64 == tidx / 128) {
             Tensor tdSsdSt_buf = tdSsdSt(_, _, _, ds_buf);
             cute::copy(rdS, tdSsdSt_buf);
         }
+        if constexpr (kExchange) {
+            Tensor tPsPt_buf = tPsPt(_, _, _, ds_buf);
+            cute::copy(rP, tPsPt_buf);
+        }
         cutlass::arch::fence_view_async_shared();
         bwd_ws_consumer_sync(BwdWsBarrier::kdS);
+        if constexpr (kExchange) {
+            // dV += P^T dO and dK += dS^T Q over this warpgroup's head-dim half, both 64 queries.
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdVrPt(_, _, _, ds_buf), tdVrdOt(_, _, _, stage), acc_dv);
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdKrdSt(_, _, _, ds_buf), tdKrQt(_, _, _, stage), acc_dk);
+        }
         Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         if constexpr (Traits::kDropout) {
             // Block m + 2's flags while dV, dK and dQ run (see make_drop_flags).

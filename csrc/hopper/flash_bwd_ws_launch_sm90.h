@@ -197,4 +197,28 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
     return true;
 }
 
+// Head dim 256, plain calls (no softcap / ALiBi / dropout / deterministic; dense or varlen, causal /
+// sliding window, MQA / GQA): the split-d kernel (kSplitD: 64-key CTAs, the consumer warpgroups
+// split the head dim, dQ by fp32 atomics; BwdKernelTraitsSm90SplitD). params.bwd_ws_d256
+// (FLASH_ATTN_BWD_WS_D256=1; 2: the exchange form, S^T / dP^T split by queries and P^T / dS^T
+// through shared memory, 224 KB) enables it: off by default until checked on a GPU (written in
+// session 10); the SM80-class kernel runs otherwise. Returns false (nothing launched) for the calls it does
+// not serve.
+//   smem: Q + dO 2 stages x 2 x 32 KB + K + V 2 x 32 KB + dS 2 x 8 KB = 208 KB (+ LSE rows).
+template <typename Element>
+bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
+    if (params.bwd_ws_d256 == 0 || has_features(params) || params.dq_accum_splits > 1) return false;
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
+    if (params.bwd_ws_d256 == 2) {  // the exchange form (A/B)
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    } else {
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/1>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    }
+    return true;
+}
+
 }  // namespace flash

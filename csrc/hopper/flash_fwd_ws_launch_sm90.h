@@ -46,10 +46,9 @@ namespace fwd_ws_detail {
 inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
 inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
 
-// kMayPersist: also compile the persistent kernel (plain variant, default tiles only). Off: the
-// binding refuses FLASH_ATTN_FWD_WS_PERSISTENT=1 until the kernel's hang is fixed (a CTA walking
-// a second tile, docs/perf-notes.md), so no build compiles a kernel that cannot run; the debug
-// branch (ws-persistent-debug) turns it on.
+// kMayPersist: also compile the persistent kernel (plain variant, default tiles only), run when
+// the binding sets params.fwd_ws_persistent (FLASH_ATTN_FWD_WS_PERSISTENT=1, default off until
+// the H200 has checked the session-10 fix of its V pipeline state).
 template <typename Traits, bool kFeat, bool kMayPersist = false>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
@@ -75,7 +74,7 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
     constexpr int smem_size = Traits::template kSmemSizeFor<kFeat>;
     static_assert(smem_size <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
-    // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, refused for now; plain
+    // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, default off; plain
     // variant, kMayPersist): one CTA per SM walking the tiles, so that a tile's epilogue and the
     // next tile's first loads overlap (the producer runs ahead into the next tile's K / V while the
     // consumers store O) and no CTA launch / prologue per tile.
@@ -145,7 +144,7 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         }
     }
     static_assert(!kFeat || Traits::kDropoutTiles);
-    fwd_ws_detail::launch<Traits, kFeat>(params, stream, rows_q, batch_q, rows_k, batch_k);
+    fwd_ws_detail::launch<Traits, kFeat, /*kMayPersist=*/!kFeat>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
 }
 

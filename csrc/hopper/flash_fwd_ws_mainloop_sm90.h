@@ -321,6 +321,11 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         wgmma</*kZeroInit=*/false, /*kWait=*/0>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
     }
     pipeline_v.consumer_release(state_v);
+    // The persistent kernel carries state_v into the next tile: without this step its consumers
+    // started the next tile one V slot behind the producer (which advanced once per load_v), waited
+    // on a slot whose phase had already completed and released it twice: the session-7 hang of a
+    // CTA's second tile (found by reading the code in session 10).
+    ++state_v;
 }
 
 }  // namespace flash
