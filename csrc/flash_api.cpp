@@ -362,13 +362,16 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // Whether a deterministic backward call will run the warp-specialised sm_90a kernel (its launcher,
 // hopper/flash_bwd_ws_launch_sm90.h, applies the same conditions, plus stride / alignment checks
 // under which it declines and the lock-step kernel's sliced mode runs instead): the WS kernel with
-// the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8.
-// FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps deterministic calls on the lock-step kernel.
+// the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8; at head
+// dim 256 the split-d kernel's exchange form (FLASH_ATTN_BWD_WS_D256=2, the default), whose
+// consumers order their dQ atomics. FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
+// deterministic calls on the lock-step (d256: SM80-class) kernel.
 bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 #ifdef FLASH_ATTN_SM90A
-    return p.use_sm90 && (p.head_dim_tile == 64 || p.head_dim_tile == 128) && bwd_ws_enabled() &&
-           bwd_ws_dq_tma_enabled() && env_switch("FLASH_ATTN_BWD_WS_DET", true) && p.p_dropout <= 0.f &&
-           !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;
+    const bool tile_ok = p.head_dim_tile == 256 ? bwd_ws_d256_mode() == 2
+                                                : (p.head_dim_tile == 64 || p.head_dim_tile == 128) && bwd_ws_dq_tma_enabled();
+    return p.use_sm90 && tile_ok && bwd_ws_enabled() && env_switch("FLASH_ATTN_BWD_WS_DET", true) &&
+           p.p_dropout <= 0.f && !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;
 #else
     (void)p, (void)varlen;
     return false;
@@ -382,8 +385,10 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // bf16 8k, deterministic bwd / default bwd for 1 / 2 / 4 / 8 slices (docs/results/s9/det_splits.log):
 // d64 1.05 / 1.05 / 1.07 / 1.10, causal 1.05 / 1.06 / 1.09 / 1.15; d128 1.08 / 1.05 / 1.06 / 1.14,
 // causal 1.02 / 1.05 / 1.22 / 1.34. Causal and other bounded-right windows (descending order: a key
-// block's first query block waits for nobody) take 1, the rest 2. FLASH_ATTN_BWD_WS_DET_SPLITS=1..8
-// (read at each call) overrides it, for measurement.
+// block's first query block waits for nobody) take 1, the rest 2. Head dim 256 (64-key blocks, twice
+// the chain links, each a round of consumer atomics instead of one bulk reduce): 2 / 4 (a first
+// guess, session 11). FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at each call) overrides it, for
+// measurement.
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_SPLITS");
     if (env != nullptr && env[0] != '\0') {
@@ -393,6 +398,7 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
         return choice[0] - '0';
     }
     const bool descending = p.window_right < flash::kWindowUnbounded;  // as bwd_ws_det_descending
+    if (p.head_dim_tile == 256) return max_seqlen_k <= 64 ? 1 : descending ? 2 : 4;
     return descending || max_seqlen_k <= 128 ? 1 : 2;
 }
 

@@ -25,9 +25,9 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream);
 // Its dropout calls (kFeat with dropout; instantiations/flash_bwd_ws_sm90_hdim*_*_drop.cu).
 template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
-// Head dim 256, plain calls: its split-d form (instantiations/flash_bwd_ws_sm90_hdim256_*.cu),
-// when params.bwd_ws_d256 is set.
-template <typename Element>
+// Head dim 256: its split-d form (instantiations/flash_bwd_ws_sm90_hdim256_*.cu; kMod as above,
+// *_mod.cu), when params.bwd_ws_d256 is set.
+template <typename Element, bool kMod>
 bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream);
 #endif
 
@@ -106,8 +106,8 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
     }
 #endif
 #ifdef FLASH_ATTN_SM90A
-    if constexpr (kHeadDim == 256 && !kFeat) {
-        if (params.use_sm90 && params.bwd_ws && run_mha_bwd_ws_sm90_d256<Element>(params, stream)) return;
+    if constexpr (kHeadDim == 256) {
+        if (params.use_sm90 && params.bwd_ws && run_mha_bwd_ws_sm90_d256<Element, kFeat>(params, stream)) return;
     }
 #endif
     if constexpr (kHeadDim <= 64) {

@@ -10,13 +10,15 @@ Each case runs in its own process under a timeout (a wrong counter order hangs r
   * the profiler shows the WS kernel (flash_bwd_ws_kernel_sm90), not the lock-step one;
   * against the lock-step deterministic backward (FLASH_ATTN_BWD_WS_DET=0): dk / dv bitwise equal
     or extremely close, dq within the rule.
-Cases cover d64 / d128, fp16 / bf16, causal (descending order, reversed grid walk) and not,
+Cases cover d64 / d128 / d256 (the split-d exchange kernel, session 11: its consumers order their dQ
+atomics; cases of head dims not built are skipped), fp16 / bf16, causal (descending order, reversed grid walk) and not,
 left / right / two-sided windows, GQA, odd lengths, seqlen_q != seqlen_k, ALiBi and softcap (d128),
 and 20k keys (157 key blocks: more CTAs per (b, h) than SMs, the deadlock case for a wrong walk).
 
 Then times default vs deterministic (WS) vs deterministic (lock-step) backwards at bf16 8k.
 
     python scripts/check_bwd_ws_det.py [--no-bench] [--bench-only] [--timeout 90] [--splits 1,2,4,8]
+                                       [--bench-head-dims 64,128]
 """
 
 import os
@@ -45,7 +47,25 @@ CASES = [
     ("bf16", 64, 1, 640, 640, 4, 4, False, (32, 0), "alibi"),
     ("bf16", 128, 1, 256, 20000, 2, 2, False, (-1, -1), None),
     ("bf16", 128, 1, 20000, 20000, 1, 1, True, (-1, -1), None),
+    # Head dim 256 (64-key blocks; slices 4 / 2 by default).
+    ("bf16", 256, 2, 1024, 1024, 4, 4, False, (-1, -1), None),
+    ("bf16", 256, 2, 1024, 1024, 4, 4, True, (-1, -1), None),
+    ("fp16", 256, 1, 1000, 1300, 6, 2, False, (-1, -1), None),
+    ("fp16", 256, 1, 1300, 1000, 6, 2, True, (-1, -1), None),
+    ("bf16", 200, 3, 113, 203, 4, 1, True, (-1, -1), None),
+    ("bf16", 256, 1, 777, 900, 2, 1, False, (100, 20), None),
+    ("bf16", 256, 1, 17, 1023, 2, 2, False, (-1, -1), "alibi"),
+    ("bf16", 256, 1, 640, 640, 4, 4, True, (-1, -1), "alibi"),
+    ("fp16", 256, 1, 640, 700, 4, 2, False, (-1, -1), "softcap"),
+    ("bf16", 256, 1, 256, 20000, 2, 2, False, (-1, -1), None),
+    ("bf16", 256, 1, 12000, 12000, 1, 1, True, (-1, -1), None),
 ]
+
+# A build restricted by FLASH_ATTN_HEAD_DIMS (inherited by the per-case processes, so the indices
+# agree) runs only the cases of the head-dim tiles it has.
+if os.environ.get("FLASH_ATTN_HEAD_DIMS"):
+    _built = {int(x) for x in os.environ["FLASH_ATTN_HEAD_DIMS"].split(",") if x}
+    CASES = [c for c in CASES if (64 if c[1] <= 64 else 128 if c[1] <= 128 else 256) in _built]
 
 
 def run_case(idx):
@@ -62,7 +82,12 @@ def run_case(idx):
         feats["alibi_slopes"] = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5
     elif feature == "softcap":
         feats["softcap"] = 20.0
-    out = flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True, **feats)
+    try:
+        out = flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True, **feats)
+    except RuntimeError as e:
+        if "this build has no kernels" in str(e):
+            return f"skipped: head dim {d} not built"
+        raise
 
     def bwd(env):
         with env_set(env):
@@ -95,20 +120,24 @@ def run_case(idx):
     return "vs lock-step det: " + ", ".join(notes)
 
 
-def bench(splits=()):
+def bench(splits=(), head_dims=(64, 128)):
     variants = [("default", {}, {}), ("det WS", {"deterministic": True}, {})]
     # The slice count of the WS deterministic mode (shorter ordered chains vs more slices to zero
     # and to sum): FLASH_ATTN_BWD_WS_DET_SPLITS.
     variants += [(f"s={s}", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET_SPLITS": str(s)}) for s in splits]
     variants += [("det lock-step", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET": "0"})]
-    bench_backward_variants(variants)
+    bench_backward_variants(variants, head_dims=head_dims)
 
 
 def main():
-    return check_main(__file__, CASES, run_case, lambda args: bench([int(x) for x in args.splits.split(",") if x]),
-                      default_timeout=90, label_width=60,
-                      add_args=lambda ap: ap.add_argument("--splits", default="",
-                                                          help="also time these WS slice counts, e.g. 1,2,4,8"))
+    def add_args(ap):
+        ap.add_argument("--splits", default="", help="also time these WS slice counts, e.g. 1,2,4,8")
+        ap.add_argument("--bench-head-dims", default="64,128", help="head dims to time, e.g. 256")
+
+    return check_main(__file__, CASES, run_case,
+                      lambda args: bench([int(x) for x in args.splits.split(",") if x],
+                                         tuple(int(x) for x in args.bench_head_dims.split(","))),
+                      default_timeout=90, label_width=60, add_args=add_args)
 
 
 if __name__ == "__main__":

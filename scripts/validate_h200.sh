@@ -20,6 +20,8 @@
 #                                          # the suite; feature costs
 #   PART=G bash scripts/validate_h200.sh   # full build; suite; feature costs (then PART=C)
 #   PART=C bash scripts/validate_h200.sh   # decode; varlen; llama; grid (PART=B without its A/B steps)
+#   PART=H bash scripts/validate_h200.sh   # d256 build; the split-d WS backward's softcap / ALiBi /
+#                                          # deterministic kernel: det check + slice A/B; suite; features
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -83,6 +85,14 @@ case ${PART:-A} in
     TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
     TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
     TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
+  H)
+    # Session 11: the d256 split-d exchange kernel's kMod variant (softcap / ALiBi / deterministic
+    # with ordered consumer atomics). Head dim 256 only.
+    export FLASH_ATTN_HEAD_DIMS=256
+    build
+    TAIL=30 step check_bwd_ws_det 170 $PY scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2,4,8 --bench-head-dims 256
+    TAIL=3 step test 150 $PY -m pytest tests -q -x
+    TAIL=14 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),

@@ -197,6 +197,22 @@ __forceinline__ __device__ bool bwd_ws_det_descending(BwdParams const &params) {
     return params.window_right < kWindowUnbounded;
 }
 
+// Key block n_block's place in the deterministic order (params.deterministic with bwd_ws_det),
+// and the element offset of its dq_accum slice.
+__forceinline__ __device__ BwdWsDqOrder bwd_ws_dq_order(BwdParams const &params, BlockInfo const &binfo, int n_block,
+                                                        int bidb, int bidh, int64_t &slice_offset) {
+    BwdWsDqOrder order{};
+    order.splits = max(params.dq_accum_splits, 1);
+    order.slice = n_block % order.splits;
+    order.n_block = n_block;
+    order.mask = Mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
+    order.descending = bwd_ws_det_descending(params);
+    order.counters = params.dq_semaphore_ptr +
+                     ((int64_t(order.slice) * params.b + bidb) * params.h + bidh) * (params.seqlen_q_rounded / 64);
+    slice_offset = int64_t(order.slice) * params.dq_accum_split_stride;
+    return order;
+}
+
 __forceinline__ __device__ int ld_acquire_gpu(int const *ptr) {
     int value;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(ptr) : "memory");
@@ -219,18 +235,8 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
     constexpr int kHeadDim = Traits::kHeadDim;
     static_assert(kBlockM == 64, "one deterministic counter per 64-row query block");
     const bool det = params.deterministic;  // only with bwd_ws_det (the launcher checks it)
-    BwdWsDqOrder order{};
     int64_t slice_offset = 0;
-    if (det) {
-        order.splits = max(params.dq_accum_splits, 1);
-        order.slice = n_block % order.splits;
-        order.n_block = n_block;
-        order.mask = Mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
-        order.descending = bwd_ws_det_descending(params);
-        order.counters = params.dq_semaphore_ptr +
-                         ((int64_t(order.slice) * params.b + bidb) * params.h + bidh) * (params.seqlen_q_rounded / 64);
-        slice_offset = int64_t(order.slice) * params.dq_accum_split_stride;
-    }
+    const BwdWsDqOrder order = det ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
     // dq_accum rows are padded to a multiple of 128 (dense) or by 128 per sequence (varlen) and
     // hold kHeadDim floats each: every 64-row tile is in bounds and one contiguous block.
     float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
@@ -363,7 +369,14 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const int dsum_shift = bwd_ws_dsum_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
 
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
-    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;
+    // The split-d kMod kernel's deterministic mode: its atomics go into this key block's slice, in
+    // the slice's order (the kDqTma kernels' writer warp does this for them).
+    constexpr bool kOrderedAtomics = Traits::kSplitD && Traits::kMod;
+    const bool det_atomics = kOrderedAtomics && params.deterministic;
+    int64_t slice_offset = 0;
+    const BwdWsDqOrder dq_order =
+        det_atomics ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
+    float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row * kHeadDim;
 
     // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
     {
@@ -475,9 +488,31 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(dq_block * kBlockM) * kHeadDim),
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+            if constexpr (kOrderedAtomics) {
+                // Deterministic: wait for this slice's earlier key blocks to have added the tile
+                // (one thread polls, the barrier passes its acquire on), as the writer warp does.
+                if (det_atomics) {
+                    if (tidx == 0) {
+                        const int turn = dq_order.template rank<kBlockM, kBlockN>(dq_block);
+                        while (ld_acquire_gpu(dq_order.counters + dq_block) != turn) { __nanosleep(64); }
+                    }
+                    bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
+                }
+            }
             CUTE_UNROLL
             for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
                 atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
+            }
+            if constexpr (kOrderedAtomics) {
+                if (det_atomics) {
+                    // Every thread's adds performed before the release that hands the turn on.
+                    __threadfence();
+                    bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
+                    if (tidx == 0) {
+                        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(dq_order.counters + dq_block)
+                                     : "memory");
+                    }
+                }
             }
         }
     };

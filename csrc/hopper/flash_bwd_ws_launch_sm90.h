@@ -197,21 +197,36 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
     return true;
 }
 
-// Head dim 256, plain calls (no softcap / ALiBi / dropout / deterministic; dense or varlen, causal /
-// sliding window, MQA / GQA): the split-d kernel (kSplitD: 64-key CTAs, the consumer warpgroups
-// split the head dim, dQ by fp32 atomics; BwdKernelTraitsSm90SplitD). params.bwd_ws_d256
-// (FLASH_ATTN_BWD_WS_D256=1; 2: the exchange form, S^T / dP^T split by queries and P^T / dS^T
-// through shared memory, 224 KB) enables it: off by default until checked on a GPU (written in
-// session 10); the SM80-class kernel runs otherwise. Returns false (nothing launched) for the calls it does
-// not serve.
-//   smem: Q + dO 2 stages x 2 x 32 KB + K + V 2 x 32 KB + dS 2 x 8 KB = 208 KB (+ LSE rows).
-template <typename Element>
+// Head dim 256: the split-d kernel (kSplitD: 64-key CTAs, the consumer warpgroups split the head
+// dim, dQ by fp32 atomics; BwdKernelTraitsSm90SplitD), dense or varlen, causal / sliding window,
+// MQA / GQA. params.bwd_ws_d256 (FLASH_ATTN_BWD_WS_D256) picks the form: 2 (the default) the
+// exchange form (S^T / dP^T split by queries, P^T / dS^T through shared memory, 224 KB), 1 the
+// redundant one (both warpgroups compute the whole S^T / dP^T, 208 KB), 0 none (the SM80-class
+// kernel runs). kMod = false: plain calls; kMod = true (the exchange form only): softcap and / or
+// ALiBi, or deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det;
+// the consumers add each dQ tile in the slice's order), no dropout. Returns false (nothing
+// launched) for the calls it does not serve.
+template <typename Element, bool kMod>
 bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
-    if (params.bwd_ws_d256 == 0 || has_features(params) || params.dq_accum_splits > 1) return false;
+    if (params.bwd_ws_d256 == 0) return false;
+    if constexpr (kMod) {
+        const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+        const bool det_ok = !params.deterministic ||
+                            (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
+        if (params.bwd_ws_d256 != 2 || !(has_mod || params.deterministic) || !det_ok || params.p_dropout > 0.f ||
+            (params.dq_accum_splits > 1 && !params.deterministic)) {
+            return false;
+        }
+    } else if (has_features(params) || params.dq_accum_splits > 1) {
+        return false;
+    }
     int rows_q, batch_q;
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
-    if (params.bwd_ws_d256 == 2) {  // the exchange form (A/B)
+    if constexpr (kMod) {
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    } else if (params.bwd_ws_d256 == 2) {
         using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
