@@ -207,6 +207,10 @@ struct BwdParams : FwdParams {
     // binding from FLASH_ATTN_BWD_WS_D256 (2 = the exchange form, the default since session 11;
     // 1 = the redundant form; 0 = off).
     int bwd_ws_d256;
+    // Head dim 256 softcap / ALiBi / deterministic calls on that kernel's kMod variant (exchange
+    // form only): set by the binding from FLASH_ATTN_BWD_WS_D256_MOD=1 (default off: 1.1-1.6x
+    // slower than the SM80-class feature kernels on the H200 in session 11, cause not found yet).
+    bool bwd_ws_d256_mod;
 };
 
 inline bool has_features(const BwdParams &p) {

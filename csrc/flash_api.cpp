@@ -172,6 +172,13 @@ int bwd_ws_d256_mode() {
     return choice[0] - '0';
 }
 
+// FLASH_ATTN_BWD_WS_D256_MOD=1: head dim 256 softcap / ALiBi / deterministic calls on the split-d
+// kernel's kMod variant (BwdParams::bwd_ws_d256_mod), read at each call. Default off: correct on
+// the H200 (session 11: check_bwd_ws_det.py, the suite), but slower than the SM80-class feature
+// kernels (ALiBi bwd 15.1 vs 13.9 ms, softcap 16.0 vs 14.2, deterministic 14.9-17.3 vs 15.6 at
+// bf16 8k) while the plain kernel runs 9.6 ms: under investigation.
+bool bwd_ws_d256_mod_enabled() { return env_switch("FLASH_ATTN_BWD_WS_D256_MOD", false); }
+
 // The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
 // FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK), 0 (after), or the A/B variants 3, 5, 7
 // (bits in csrc/flash_bwd_kernel.h), read at each call.
@@ -217,6 +224,7 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
     params.bwd_sm80_variant = bwd_sm80_variant();
     params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
+    params.bwd_ws_d256_mod = params.bwd_ws_d256 == 2 && bwd_ws_d256_mod_enabled();
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
@@ -363,12 +371,12 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // hopper/flash_bwd_ws_launch_sm90.h, applies the same conditions, plus stride / alignment checks
 // under which it declines and the lock-step kernel's sliced mode runs instead): the WS kernel with
 // the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8; at head
-// dim 256 the split-d kernel's exchange form (FLASH_ATTN_BWD_WS_D256=2, the default), whose
-// consumers order their dQ atomics. FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
+// dim 256 the split-d kernel's exchange form with FLASH_ATTN_BWD_WS_D256_MOD=1 (off by default),
+// whose consumers order their dQ atomics. FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
 // deterministic calls on the lock-step (d256: SM80-class) kernel.
 bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 #ifdef FLASH_ATTN_SM90A
-    const bool tile_ok = p.head_dim_tile == 256 ? bwd_ws_d256_mode() == 2
+    const bool tile_ok = p.head_dim_tile == 256 ? bwd_ws_d256_mode() == 2 && bwd_ws_d256_mod_enabled()
                                                 : (p.head_dim_tile == 64 || p.head_dim_tile == 128) && bwd_ws_dq_tma_enabled();
     return p.use_sm90 && tile_ok && bwd_ws_enabled() && env_switch("FLASH_ATTN_BWD_WS_DET", true) &&
            p.p_dropout <= 0.f && !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;

@@ -30,6 +30,9 @@ sys.path.insert(0, HERE)
 
 from gpu_check_common import bench_backward_variants, check_main, env_set, random_qkv_dout  # noqa: E402
 
+# Head dim 256: its WS deterministic mode is the split-d kernel's kMod variant, opt-in.
+os.environ.setdefault("FLASH_ATTN_BWD_WS_D256_MOD", "1")
+
 RERUNS = 5
 # (dtype, d, b, sq, sk, h, hk, causal, window, feature)
 CASES = [

@@ -489,30 +489,36 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
             if constexpr (kOrderedAtomics) {
-                // Deterministic: wait for this slice's earlier key blocks to have added the tile
-                // (one thread polls, the barrier passes its acquire on), as the writer warp does.
                 if (det_atomics) {
+                    // Deterministic: wait for this slice's earlier key blocks to have added the
+                    // tile (one thread polls, the barrier passes its acquire on), as the writer
+                    // warp does; add; every thread's adds performed before the release that hands
+                    // the turn on. Its own red instructions (inline PTX): with the builtin atomics
+                    // shared between this path and the one below, ptxas turned all of them into
+                    // ATOMG (results awaited) for the fence's sake.
                     if (tidx == 0) {
                         const int turn = dq_order.template rank<kBlockM, kBlockN>(dq_block);
                         while (ld_acquire_gpu(dq_order.counters + dq_block) != turn) { __nanosleep(64); }
                     }
                     bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
-                }
-            }
-            CUTE_UNROLL
-            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
-                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
-            }
-            if constexpr (kOrderedAtomics) {
-                if (det_atomics) {
-                    // Every thread's adds performed before the release that hands the turn on.
+                    CUTE_UNROLL
+                    for (int i = 0; i < size(dq); i += 2) {
+                        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(&tdQgdQaccum(i)),
+                                     "f"(dq(i)), "f"(dq(i + 1))
+                                     : "memory");
+                    }
                     __threadfence();
                     bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
                     if (tidx == 0) {
                         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(dq_order.counters + dq_block)
                                      : "memory");
                     }
+                    return;
                 }
+            }
+            CUTE_UNROLL
+            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
             }
         }
     };

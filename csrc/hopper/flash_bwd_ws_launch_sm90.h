@@ -202,7 +202,8 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
 // MQA / GQA. params.bwd_ws_d256 (FLASH_ATTN_BWD_WS_D256) picks the form: 2 (the default) the
 // exchange form (S^T / dP^T split by queries, P^T / dS^T through shared memory, 224 KB), 1 the
 // redundant one (both warpgroups compute the whole S^T / dP^T, 208 KB), 0 none (the SM80-class
-// kernel runs). kMod = false: plain calls; kMod = true (the exchange form only): softcap and / or
+// kernel runs). kMod = false: plain calls; kMod = true (the exchange form only, params.
+// bwd_ws_d256_mod: FLASH_ATTN_BWD_WS_D256_MOD=1, off by default): softcap and / or
 // ALiBi, or deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det;
 // the consumers add each dQ tile in the slice's order), no dropout. Returns false (nothing
 // launched) for the calls it does not serve.
@@ -213,7 +214,7 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
         const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
         const bool det_ok = !params.deterministic ||
                             (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
-        if (params.bwd_ws_d256 != 2 || !(has_mod || params.deterministic) || !det_ok || params.p_dropout > 0.f ||
+        if (!params.bwd_ws_d256_mod || params.bwd_ws_d256 != 2 || !(has_mod || params.deterministic) || !det_ok || params.p_dropout > 0.f ||
             (params.dq_accum_splits > 1 && !params.deterministic)) {
             return false;
         }
