@@ -192,9 +192,10 @@ int bwd_sm80_variant() {
 }
 
 // FLASH_ATTN_FWD_WS_PERSISTENT=1 runs the plain warp-specialised forward as one CTA per SM walking
-// the tiles (read at each call, for A/B). Default off: on the H200 (session 7) it hung as soon as
-// a CTA got a second tile; session 10 found the cause (the consumers' V pipeline state was not
-// advanced past a tile's last V slot), not yet checked on a GPU (scripts/check_fwd_ws_persistent.py).
+// the tiles (read at each call, for A/B). Default off: its session-7 hang is fixed (session 10: the
+// consumers' V pipeline state was not advanced past a tile's last V slot) and it passes
+// scripts/check_fwd_ws_persistent.py on the H200 (session 11), but it is not faster there (0.62-1.07x
+// the one-tile kernel over the grid; docs/results/s11/x_check_fwd_ws_persistent.log).
 bool fwd_ws_persistent_enabled() { return env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false); }
 
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
