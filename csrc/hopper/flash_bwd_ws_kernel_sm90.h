@@ -371,11 +371,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
     // The split-d kMod kernel's deterministic mode: its atomics go into this key block's slice, in
     // the slice's order (the kDqTma kernels' writer warp does this for them).
-    constexpr bool kOrderedAtomics = Traits::kSplitD && Traits::kMod;
-    const bool det_atomics = kOrderedAtomics && params.deterministic;
+    constexpr bool kOrderedAtomics = Traits::kOrderedDq;  // launched for deterministic calls only
     int64_t slice_offset = 0;
     const BwdWsDqOrder dq_order =
-        det_atomics ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
+        kOrderedAtomics ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
     float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row * kHeadDim;
 
     // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
@@ -489,36 +488,31 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
             if constexpr (kOrderedAtomics) {
-                if (det_atomics) {
-                    // Deterministic: wait for this slice's earlier key blocks to have added the
-                    // tile (one thread polls, the barrier passes its acquire on), as the writer
-                    // warp does; add; every thread's adds performed before the release that hands
-                    // the turn on. Its own red instructions (inline PTX): with the builtin atomics
-                    // shared between this path and the one below, ptxas turned all of them into
-                    // ATOMG (results awaited) for the fence's sake.
-                    if (tidx == 0) {
-                        const int turn = dq_order.template rank<kBlockM, kBlockN>(dq_block);
-                        while (ld_acquire_gpu(dq_order.counters + dq_block) != turn) { __nanosleep(64); }
-                    }
-                    bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
-                    CUTE_UNROLL
-                    for (int i = 0; i < size(dq); i += 2) {
-                        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(&tdQgdQaccum(i)),
-                                     "f"(dq(i)), "f"(dq(i + 1))
-                                     : "memory");
-                    }
-                    __threadfence();
-                    bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
-                    if (tidx == 0) {
-                        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(dq_order.counters + dq_block)
-                                     : "memory");
-                    }
-                    return;
+                // Deterministic: wait for this slice's earlier key blocks to have added the tile
+                // (one thread polls, the barrier passes its acquire on), as the writer warp does;
+                // add; then CUTLASS's release pattern (cutlass/barrier.h, arrive_inc): a barrier,
+                // then one thread's acq_rel fence (it releases what the other threads did before
+                // the barrier) and relaxed increment, rather than a sequentially consistent
+                // __threadfence in every thread. A fence after the adds makes ptxas emit every
+                // float2 atomic of the function as ATOMG (it waits for their results) instead of
+                // REDG, hence the separate kernel (kOrderedDq).
+                if (tidx == 0) {
+                    const int turn = dq_order.template rank<kBlockM, kBlockN>(dq_block);
+                    while (ld_acquire_gpu(dq_order.counters + dq_block) != turn) { __nanosleep(64); }
                 }
+                bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
             }
             CUTE_UNROLL
             for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
                 atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
+            }
+            if constexpr (kOrderedAtomics) {
+                bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
+                if (tidx == 0) {
+                    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+                    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(dq_order.counters + dq_block)
+                                 : "memory");
+                }
             }
         }
     };

@@ -225,8 +225,14 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
     if constexpr (kMod) {
-        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2>;
-        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        if (params.deterministic) {
+            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
+                                           /*kOrderedDq=*/true>;
+            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        } else {
+            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2>;
+            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        }
     } else if (params.bwd_ws_d256 == 2) {
         using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);

@@ -51,8 +51,12 @@ enum class BwdWsBarrier : uint32_t {
 // atomics (two fp32 dQ tiles of 64 KB would not fit next to the Q / dO ring). Plain calls, and
 // (kMod, the exchange form only) softcap / ALiBi / the deterministic dQ, whose atomics the
 // consumers then add in each slice's order (BwdWsDqOrder).
+// kOrderedDq (split-d kMod only): the deterministic calls' kernel, whose consumers add each dQ
+// tile in its slice's order (BwdWsDqOrder). Its own kernel: the fence that publishes the adds
+// makes ptxas turn every float2 atomic of the function into ATOMG (which waits for its result)
+// instead of REDG, which the non-deterministic calls should not pay for.
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
-          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0>
+          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kOrderedDq_ = false>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
                                             BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_>> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
@@ -76,6 +80,8 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     static constexpr bool kSplitDExchange = kSplitD_ == 2;
     static_assert(!kSplitD || (!kDqTma && !kOverlap && !kDropout && (!kMod || kSplitDExchange)),
                   "the split-d kernel serves plain calls, and score modifiers / deterministic in its exchange form");
+    static constexpr bool kOrderedDq = kOrderedDq_;
+    static_assert(!kOrderedDq || (kSplitD && kMod), "ordered dQ atomics: the split-d kMod kernel");
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
