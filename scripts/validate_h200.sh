@@ -21,7 +21,8 @@
 #   PART=G bash scripts/validate_h200.sh   # full build; suite; feature costs (then PART=C)
 #   PART=C bash scripts/validate_h200.sh   # decode; varlen; llama; grid (PART=B without its A/B steps)
 #   PART=H bash scripts/validate_h200.sh   # d256 build; the split-d WS backward's softcap / ALiBi /
-#                                          # deterministic kernel: det check + slice A/B; suite; features
+#                                          # deterministic kernel (FLASH_ATTN_BWD_WS_D256_MOD=1): times
+#                                          # vs SM80-class; det check + slice A/B; suite; features
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -88,8 +89,12 @@ case ${PART:-A} in
   H)
     # Session 11: the d256 split-d exchange kernel's kMod variant (softcap / ALiBi / deterministic
     # with ordered consumer atomics). Head dim 256 only.
+    # Opt-in (FLASH_ATTN_BWD_WS_D256_MOD=1) since its first run was slow; the suite and the
+    # feature costs below run with it on.
     export FLASH_ATTN_HEAD_DIMS=256
     build
+    TAIL=12 step bench_bwd_d256_mod 40 $PY scripts/bench_bwd_d256_mod.py
+    export FLASH_ATTN_BWD_WS_D256_MOD=1
     TAIL=30 step check_bwd_ws_det 170 $PY scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2,4,8 --bench-head-dims 256
     TAIL=3 step test 150 $PY -m pytest tests -q -x
     TAIL=14 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
