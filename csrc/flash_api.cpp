@@ -394,10 +394,11 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // bf16 8k, deterministic bwd / default bwd for 1 / 2 / 4 / 8 slices (docs/results/s9/det_splits.log):
 // d64 1.05 / 1.05 / 1.07 / 1.10, causal 1.05 / 1.06 / 1.09 / 1.15; d128 1.08 / 1.05 / 1.06 / 1.14,
 // causal 1.02 / 1.05 / 1.22 / 1.34. Causal and other bounded-right windows (descending order: a key
-// block's first query block waits for nobody) take 1, the rest 2. Head dim 256 (64-key blocks, twice
-// the chain links, each a round of consumer atomics instead of one bulk reduce): 2 / 4 (a first
-// guess, session 11). FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at each call) overrides it, for
-// measurement.
+// block's first query block waits for nobody) take 1, the rest 2. Head dim 256 (the split-d kMod
+// kernel, consumer atomics in order): 1; its first H200 run (session 11, with every atomic an
+// ATOMG) measured 1 / 2 / 4 / 8 slices at 14.9 / 16.4 / 17.3 / 18.3 ms, causal 8.4 / 9.2 / 13.5 /
+// 15.0 ms (docs/results/s11/h_check_bwd_ws_det.log). FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at
+// each call) overrides it, for measurement.
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_SPLITS");
     if (env != nullptr && env[0] != '\0') {
@@ -406,8 +407,8 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
                     "flash_attn: FLASH_ATTN_BWD_WS_DET_SPLITS must be an integer from 1 to 8, got '", choice, "'");
         return choice[0] - '0';
     }
+    if (p.head_dim_tile == 256) return 1;
     const bool descending = p.window_right < flash::kWindowUnbounded;  // as bwd_ws_det_descending
-    if (p.head_dim_tile == 256) return max_seqlen_k <= 64 ? 1 : descending ? 2 : 4;
     return descending || max_seqlen_k <= 128 ? 1 : 2;
 }
 

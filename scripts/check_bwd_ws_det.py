@@ -50,7 +50,7 @@ CASES = [
     ("bf16", 64, 1, 640, 640, 4, 4, False, (32, 0), "alibi"),
     ("bf16", 128, 1, 256, 20000, 2, 2, False, (-1, -1), None),
     ("bf16", 128, 1, 20000, 20000, 1, 1, True, (-1, -1), None),
-    # Head dim 256 (64-key blocks; slices 4 / 2 by default).
+    # Head dim 256 (64-key blocks; one slice by default).
     ("bf16", 256, 2, 1024, 1024, 4, 4, False, (-1, -1), None),
     ("bf16", 256, 2, 1024, 1024, 4, 4, True, (-1, -1), None),
     ("fp16", 256, 1, 1000, 1300, 6, 2, False, (-1, -1), None),
