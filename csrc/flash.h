@@ -114,6 +114,7 @@ struct FwdParams : QKVParams {
     // (bitwise-equal results); K/V cp.async with the .L2::256B prefetch-size hint.
     bool decode_skip_rescale;
     bool decode_l2_prefetch;
+    bool decode_pipeline_s;  // FLASH_ATTN_DECODE_PIPELINE (A/B): S of the next tile before this one's softmax
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT).
     bool fwd_ws_persistent;

@@ -1050,6 +1050,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
         params.decode_skip_rescale = env_switch("FLASH_ATTN_DECODE_SKIP_RESCALE", true);
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
+        params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {

@@ -91,7 +91,13 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
 // so the results are bitwise those of the default.
 // kL2Prefetch (A/B, FLASH_ATTN_DECODE_L2_PREFETCH=1): K/V loads with the L2 256-byte prefetch hint.
-template <typename Traits, bool kMod = false, bool kSkipRescale = false, bool kL2Prefetch = false>
+// kPipelineS (A/B, FLASH_ATTN_DECODE_PIPELINE=1; kStages >= 3): a warp issues the S = Q K^T MMAs of
+// its next tile before the softmax and P V of the current one, so that the tensor-core latency
+// of S overlaps the softmax's shuffles and exps instead of adding to each tile's chain (the per-
+// tile latency limits a warp here). The cost: the next tile must have landed one iteration
+// earlier, so one tile fewer of the ring is in flight. Bitwise the same results.
+template <typename Traits, bool kMod = false, bool kSkipRescale = false, bool kL2Prefetch = false,
+          bool kPipelineS = false>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
@@ -256,29 +262,20 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
     }
 
-    for (int it = 0; it < my_count; ++it) {
-        const int stage = it % kStages;
-        const int tile = my_first + it * kNWarps;
-        // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
-        // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
-        if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
-        cp_async_fence();
-        cp_async_wait<kStages - 1>();
-        __syncwarp();
-
-        Tensor sK = sK_at(stage);
-        Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
-        Tensor tSsK = thr_smem_copy_K.partition_S(sK);
-        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
-
-        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+    // S = Q K^T of the tile in `stage` into acc_s.
+    auto gemm_s = [&](auto &acc_s, int stage) {
+        Tensor tSsK = thr_smem_copy_K.partition_S(sK_at(stage));
         clear(acc_s);
         if constexpr (Traits::kQInRegs) {
             gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
         } else {
             gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
         }
-
+    };
+    // Masks, online softmax and O += P V of `tile` (its V in `stage`).
+    auto softmax_pv = [&](auto &acc_s, int stage, int tile) {
+        Tensor sVt = make_tensor(sK_at(stage).data() + kTileElems, typename WT::SmemLayoutVt{});
+        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
         splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
                                              needs_row_mask, params);
         if constexpr (kSkipRescale) {
@@ -294,7 +291,78 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
-        __syncwarp();  // every lane is done with this stage's buffers before they are refilled
+    };
+
+    if constexpr (!kPipelineS) {
+        // (The loop as before kPipelineS, written out: through gemm_s / softmax_pv its SASS moved.)
+        for (int it = 0; it < my_count; ++it) {
+            const int stage = it % kStages;
+            const int tile = my_first + it * kNWarps;
+            // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
+            // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
+            if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
+            cp_async_fence();
+            cp_async_wait<kStages - 1>();
+            __syncwarp();
+
+            Tensor sK = sK_at(stage);
+            Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
+            Tensor tSsK = thr_smem_copy_K.partition_S(sK);
+            Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
+
+            Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+            clear(acc_s);
+            if constexpr (Traits::kQInRegs) {
+                gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
+            } else {
+                gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
+                        thr_smem_copy_K);
+            }
+
+            splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k,
+                                                 diag, needs_row_mask, params);
+            if constexpr (kSkipRescale) {
+                const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, params.scale_softmax_log2);
+                bool moved = false;
+                CUTE_UNROLL
+                for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
+                if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+            } else {
+                softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
+            }
+
+            Tensor rP = convert_type<Element>(acc_s);
+            Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
+            gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
+            __syncwarp();  // every lane is done with this stage's buffers before they are refilled
+        }
+    } else {
+        static_assert(kStages >= 3, "tiles it - 1 (refilled), it (V) and it + 1 (K) in distinct buffers");
+        // cp.async groups so far: Q, then tiles 0 .. kStages - 2 (one group each, empty past
+        // my_count). S of tile 0 needs group 1: all but the last kStages - 2 groups complete.
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+        if (my_count > 0) {
+            cp_async_wait<kStages - 2>();
+            __syncwarp();
+            gemm_s(acc_s, 0);
+        }
+        for (int it = 0; it < my_count; ++it) {
+            const int stage = it % kStages;
+            const int tile = my_first + it * kNWarps;
+            // Tile it + kStages - 1 into the buffer of tile it - 1 (its V was read in iteration
+            // it - 1, its K in it - 2, both before that iteration's closing __syncwarp).
+            if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
+            cp_async_fence();
+            cp_async_wait<kStages - 2>();  // tile it + 1 landed (group it + 2)
+            __syncwarp();
+
+            Tensor acc_s_next = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+            if (it + 1 < my_count) { gemm_s(acc_s_next, (it + 1) % kStages); }
+            softmax_pv(acc_s, stage, tile);
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) { acc_s(i) = acc_s_next(i); }
+            __syncwarp();  // every lane is done with tile it's buffers before they are refilled
+        }
     }
     cp_async_wait<0>();
 

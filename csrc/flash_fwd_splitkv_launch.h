@@ -53,13 +53,17 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
     if constexpr (Traits::kNWarps == 8) {
         // The wide shape's plain kernel: the binding's A/B switches (params.decode_skip_rescale,
-        // default on; params.decode_l2_prefetch, default off).
+        // default on; params.decode_l2_prefetch, default off; params.decode_pipeline_s, default
+        // off, with the default skip and no prefetch only).
         if (!mod) {
             const bool skip = params.decode_skip_rescale, pf = params.decode_l2_prefetch;
             kernel = skip ? (pf ? &flash_fwd_splitkv_kernel<Traits, false, true, true>
                                 : &flash_fwd_splitkv_kernel<Traits, false, true, false>)
                           : (pf ? &flash_fwd_splitkv_kernel<Traits, false, false, true>
                                 : &flash_fwd_splitkv_kernel<Traits, false, false, false>);
+            if (params.decode_pipeline_s && skip && !pf) {
+                kernel = &flash_fwd_splitkv_kernel<Traits, false, true, false, /*kPipelineS=*/true>;
+            }
         }
     }
     if (smem_size >= 48 * 1024) {

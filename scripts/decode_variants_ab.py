@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A/B (one process, interleaved rounds) of the wide split-KV kernel's switches on the contiguous
 d128 decode shapes of issue 4, next to SDPA cuDNN: bf16, 32 query / 8 KV heads, 1 query token;
-batch 16 at 4k and 32k keys, batch 4 at 128k. Variants: FLASH_ATTN_DECODE_SKIP_RESCALE (0 / 1)
-x FLASH_ATTN_DECODE_L2_PREFETCH (0 / 1). Checks first that every variant gives bitwise the same
+batch 16 at 4k and 32k keys, batch 4 at 128k. Variants of FLASH_ATTN_DECODE_SKIP_RESCALE /
+FLASH_ATTN_DECODE_L2_PREFETCH / FLASH_ATTN_DECODE_PIPELINE: plain, skip (the default), skip + pf,
+skip + pipeline. Checks first that every variant gives bitwise the same
 out / LSE. GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
     python scripts/decode_variants_ab.py [--rounds 5]
@@ -19,9 +20,9 @@ from triton.testing import do_bench
 from flash_attn import flash_attn_with_kvcache
 
 H, HK, D = 32, 8, 128
-VARS = ("FLASH_ATTN_DECODE_SKIP_RESCALE", "FLASH_ATTN_DECODE_L2_PREFETCH")
-MODES = (("0", "0"), ("1", "0"), ("0", "1"), ("1", "1"))
-MODE_NAMES = {("0", "0"): "plain", ("1", "0"): "skip", ("0", "1"): "pf", ("1", "1"): "skip+pf"}
+VARS = ("FLASH_ATTN_DECODE_SKIP_RESCALE", "FLASH_ATTN_DECODE_L2_PREFETCH", "FLASH_ATTN_DECODE_PIPELINE")
+MODES = (("0", "0", "0"), ("1", "0", "0"), ("1", "1", "0"), ("1", "0", "1"))
+MODE_NAMES = {("0", "0", "0"): "plain", ("1", "0", "0"): "skip", ("1", "1", "0"): "skip+pf", ("1", "0", "1"): "skip+pipe"}
 
 
 def set_mode(mode):

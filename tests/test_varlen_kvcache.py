@@ -784,6 +784,35 @@ def test_kvcache_sm90_decode_long_context(seqlen_cache, page, monkeypatch):
     _run_kvcache(sq=1, b=1, h=32, hk=8, seqlen_cache=seqlen_cache, page=page)
 
 
+# FLASH_ATTN_DECODE_PIPELINE=1 (A/B, read at each call): the wide d128 split-KV kernel issues the
+# next tile's S MMAs before the current tile's softmax. The split-KV cases against the reference,
+# and bitwise equality with the default on decode / short-prefill shapes (odd cache lengths,
+# causal, window, splits).
+@pytest.mark.parametrize("name, kw", [c for c in KV_CASES if not c[0].startswith("prefill")],
+                         ids=[c[0] for c in KV_CASES if not c[0].startswith("prefill")])
+def test_kvcache_decode_pipeline(name, kw, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "1")
+    _run_kvcache(**kw)
+
+
+@pytest.mark.parametrize("sk", [1, 17, 113, 1023, 5000])
+@pytest.mark.parametrize("sq, causal, window, num_splits", [(1, False, (-1, -1), 1), (1, False, (-1, -1), 0),
+                                                            (3, True, (-1, -1), 1), (2, False, (100, 0), 3)])
+def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, monkeypatch):
+    require_config(torch.bfloat16, 128)
+    torch.manual_seed(sk + 7 * sq)
+    q = torch.randn(2, sq, 32, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    kw = dict(causal=causal, window_size=window, num_splits=num_splits, return_softmax_lse=True)
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "0")
+    out0, lse0 = flash_attn_with_kvcache(q, kc, vc, **kw)
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "1")
+    out1, lse1 = flash_attn_with_kvcache(q, kc, vc, **kw)
+    assert not torch.isnan(out1).any()
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
 def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
     require_gpu()
     require_config(torch.bfloat16, 128)
