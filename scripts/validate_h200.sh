@@ -109,7 +109,8 @@ case ${PART:-A} in
     TAIL=12 step bench_bwd_d256_mod 40 $PY scripts/bench_bwd_d256_mod.py
     TAIL=6 step decode_ab 90 $PY scripts/decode_variants_ab.py --rounds 3
     export FLASH_ATTN_BWD_WS_D256_MOD=1
-    TAIL=16 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2 --bench-head-dims 256
+    TAIL=16 step check_bwd_ws_det 150 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2 \
+      --bench-head-dims 256
     TAIL=3 step test 170 $PY -m pytest tests -q -x
     TAIL=14 step features 30 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
   D)
