@@ -11,7 +11,9 @@ Each case runs in its own process under a timeout (a named-barrier mistake hangs
   * WS vs lock-step: dk / dv bitwise equal or extremely close (same GEMMs, same order), dq within
     the rule (bulk reduce-add vs atomics: another summation order).
 Cases: d64 / d128, fp16 / bf16, causal and not, windows, GQA / MQA, ALiBi, odd lengths, one query
-block (the d128 kernel keeps a single dQ buffer), varlen.
+block (the d128 kernel keeps a single dQ buffer), varlen. Head dim 256 (session 11): the split-d
+exchange kernel's dropout variant (FLASH_ATTN_BWD_WS_D256_MOD=1) against the SM80-class dropout
+kernel (=0); cases of head-dim tiles that FLASH_ATTN_HEAD_DIMS leaves out are not run.
 
 Then times the backward at bf16 8k: default (no dropout) vs dropout 0.1 on the WS kernel vs on the
 lock-step kernel.
@@ -41,7 +43,26 @@ CASES = [
     ("bf16", 64, 1, 640, 640, 4, 4, False, (32, 0), True, 0.1, False),
     ("fp16", 128, 3, 300, 257, 4, 2, True, (-1, -1), True, 0.4, True),
     ("bf16", 64, 3, 1, 77, 4, 4, False, (-1, -1), False, 0.1, True),
+    # Head dim 256: 64-key CTAs (odd and even key blocks use the two halves of a Philox group).
+    ("bf16", 256, 2, 1024, 1024, 4, 4, False, (-1, -1), False, 0.1, False),
+    ("bf16", 256, 2, 1024, 1024, 4, 4, True, (-1, -1), False, 0.1, False),
+    ("fp16", 256, 1, 1000, 1300, 6, 2, False, (-1, -1), False, 0.17, False),
+    ("fp16", 256, 1, 1300, 1000, 6, 2, True, (-1, -1), False, 0.3, False),
+    ("bf16", 200, 3, 113, 203, 4, 1, True, (-1, -1), False, 0.5, False),
+    ("bf16", 256, 1, 17, 1023, 2, 2, False, (-1, -1), False, 0.1, False),
+    ("fp16", 256, 2, 64, 200, 4, 2, False, (-1, -1), False, 0.2, False),   # one query block
+    ("bf16", 256, 1, 777, 900, 2, 1, False, (100, 20), True, 0.25, False),
+    ("fp16", 256, 3, 300, 257, 4, 2, True, (-1, -1), True, 0.4, True),
+    ("bf16", 256, 3, 1, 77, 4, 4, False, (-1, -1), False, 0.1, True),
 ]
+# A build restricted by FLASH_ATTN_HEAD_DIMS (inherited by the per-case processes, so the indices
+# agree) runs only the cases of the head-dim tiles it has.
+if os.environ.get("FLASH_ATTN_HEAD_DIMS"):
+    _built = {int(x) for x in os.environ["FLASH_ATTN_HEAD_DIMS"].split(",") if x}
+    CASES = [c for c in CASES if (64 if c[1] <= 64 else 128 if c[1] <= 128 else 256) in _built]
+# The environments of the WS kernel and of the reference kernel it is compared with, per head dim.
+WS_ENV = {256: {"FLASH_ATTN_BWD_WS_D256_MOD": "1"}}
+LOCK_ENV = {256: {"FLASH_ATTN_BWD_WS_D256_MOD": "0"}}
 
 
 def run_case(idx):
@@ -61,8 +82,10 @@ def run_case(idx):
     seed, offset = rng_state.tolist()
     mask = U.dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()
 
-    ws = bwd({})
-    lock = bwd({"FLASH_ATTN_BWD_WS_DROPOUT": "0"})
+    tile = 256 if d > 128 else 128
+    ws_env = WS_ENV.get(tile, {})
+    ws = bwd(ws_env)
+    lock = bwd(LOCK_ENV.get(tile, {"FLASH_ATTN_BWD_WS_DROPOUT": "0"}))
     feats = dict(window_size=(wl, wr) if not causal else (wl, 0), alibi_slopes=slopes, dropout_p=p,
                  dropout_mask=mask)
     (out_ref, _, *g_ref), (out_pt, *g_pt) = U.ref_fwd_bwd(q, k, v, dout, causal, **feats)
@@ -77,7 +100,7 @@ def run_case(idx):
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        bwd({})
+        bwd(ws_env)
     names = [e.key for e in prof.key_averages()]
     assert any("flash_bwd_ws_kernel_sm90" in n for n in names), \
         f"WS kernel did not run: {[n for n in names if 'bwd' in n]}"
@@ -85,8 +108,15 @@ def run_case(idx):
 
 
 def bench():
-    bench_backward_variants([("plain", {}, {}), ("dropout WS", {"dropout_p": 0.1}, {}),
-                             ("dropout lock-step", {"dropout_p": 0.1}, {"FLASH_ATTN_BWD_WS_DROPOUT": "0"})])
+    built = os.environ.get("FLASH_ATTN_HEAD_DIMS")
+    dims = [d for d in (64, 128) if not built or str(d) in built.split(",")]
+    if dims:
+        bench_backward_variants([("plain", {}, {}), ("dropout WS", {"dropout_p": 0.1}, {}),
+                                 ("dropout lock-step", {"dropout_p": 0.1}, {"FLASH_ATTN_BWD_WS_DROPOUT": "0"})],
+                                head_dims=tuple(dims))
+    if not built or "256" in built.split(","):
+        bench_backward_variants([("plain", {}, {}), ("dropout WS", {"dropout_p": 0.1}, WS_ENV[256]),
+                                 ("dropout SM80-class", {"dropout_p": 0.1}, LOCK_ENV[256])], head_dims=(256,))
 
 
 def main():

@@ -198,4 +198,76 @@ __forceinline__ __device__ void dropout_bwd_apply_dp2(TensorAcc &acc, uint32_t c
     });
 }
 
+// ---- backward, head dim 256 (the split-d kernel's exchange form) ----------------------------
+// 64-key CTAs: a key block n is half (n % 2) of the 128-key block n / 2 whose Philox groups the
+// mask is defined on, i.e. words 2 (n % 2) and 2 (n % 2) + 1 of each call. The flags of the
+// 64 x 64 tile sit in layout 2 restricted to those words: key pair kp = key / 2 in [0, 32),
+// 1024 words per buffer. Each thread makes the same two Philox calls as dropout_bwd_generate2
+// (rows 16 (2 h + hh) + r8, the 128-key block's columns 8 c32 + 2 c4 + 32 w) and stores the
+// two words of its half: the other half's are computed and dropped (the d256 forward's 64-key
+// tiles do the same).
+template <int kThreads>
+__forceinline__ __device__ void dropout_bwd_generate2_half(Dropout const &dropout, uint32_t *flags, int m_block,
+                                                           int n_block, int tidx) {
+    static_assert(kThreads == 256);
+    const DropFlags drop_flags(dropout.threshold);
+    const int r8 = tidx % 8, h = (tidx / 8) % 2, c32 = (tidx / 16) % 4, c4 = tidx / 64;
+    const uint64_t x = dropout.base + uint64_t(4 * (n_block / 2) + c32);
+    const uint32_t z = uint32_t(m_block) * 128u + uint32_t(64 * h + 4 * r8 + c4);
+    const uint4 r0 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z, dropout.bh), dropout.k0, dropout.k1);
+    const uint4 r1 = philox4x32(make_uint4(uint32_t(x), uint32_t(x >> 32), z + 32u, dropout.bh), dropout.k0,
+                                dropout.k1);
+    const bool upper = (n_block % 2) != 0;  // CTA-uniform
+    uint2 *dst = reinterpret_cast<uint2 *>(flags + DropoutBwdLayout2::index(4 * c32 + c4, r8, 2 * h));
+    dst[0] = make_uint2(drop_flags(upper ? r0.z : r0.x), drop_flags(upper ? r1.z : r1.x));    // kp: word 2 upper
+    dst[256] = make_uint2(drop_flags(upper ? r0.w : r0.y), drop_flags(upper ? r1.w : r1.y));  // kp + 16: + 512 words
+}
+
+// The exchange form's S^T / dP^T accumulators ((2, 2, 4), 1, 1) of a 256-thread MMA whose
+// warpgroup w holds queries [32 w, 32 w + 32): element 4 j + 2 r2 + c2 is (key x0 + 8 r2, query
+// 32 w + 8 j + 2 m + c2), x0 and 32 w + 2 m the coordinates of element 0. Its flag is byte
+// (x % 2) + 2 (j % 2) of the word at (kp = x / 2, r8 = 2 m + c2, rb = 2 w + j / 2): per key, two
+// 8-byte loads (r8 = 2 m, 2 m + 1) of the words rb = 2 w, 2 w + 1.
+template <typename TensorCoord, typename F>
+__forceinline__ __device__ void dropout_bwd_for_each_word_pair_half(uint32_t const *flags, TensorCoord const &coords,
+                                                                    F &&f) {
+    const int x0 = get<0>(coords(0)), q0 = get<1>(coords(0));
+    const int m2 = q0 % 8, rb0 = q0 / 16;  // 2 m, 2 w
+    const uint2 *src = reinterpret_cast<const uint2 *>(flags + DropoutBwdLayout2::index(x0 / 2, m2, rb0));
+    CUTE_UNROLL
+    for (int r2 = 0; r2 < 2; ++r2) {
+        const int x = x0 + 8 * r2;  // kp + 4: + 128 words
+        const uint2 wa = src[r2 * 64], wb = src[r2 * 64 + 2];  // r8 = 2 m, 2 m + 1 (+ 4 words)
+        CUTE_UNROLL
+        for (int rbl = 0; rbl < 2; ++rbl) {
+            const uint32_t a = rbl == 0 ? wa.x : wa.y, b = rbl == 0 ? wb.x : wb.y;
+            CUTE_UNROLL
+            for (int jj = 0; jj < 2; ++jj) { f(r2, 2 * rbl + jj, x % 2 + 2 * jj, a, b); }
+        }
+    }
+}
+
+template <typename TensorP, typename TensorCoord>
+__forceinline__ __device__ void dropout_bwd_apply_p_half(TensorP &rP, uint32_t const *flags, TensorCoord const &coords) {
+    static_assert(sizeof(typename TensorP::value_type) == 2);
+    static_assert(decltype(size(rP))::value == 16);
+    Tensor rP32 = recast<uint32_t>(rP);
+    dropout_bwd_for_each_word_pair_half(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
+        const uint32_t selector = uint32_t(0x88 | e * 0x11) | (uint32_t(0xcc | e * 0x11) << 8);
+        rP32(2 * j + r2) &= ~prmt(a, b, selector);
+    });
+}
+
+template <typename TensorAcc, typename TensorCoord>
+__forceinline__ __device__ void dropout_bwd_apply_dp_half(TensorAcc &acc, uint32_t const *flags,
+                                                          TensorCoord const &coords) {
+    static_assert(decltype(size(acc))::value == 16);
+    dropout_bwd_for_each_word_pair_half(flags, coords, [&](int r2, int j, int e, uint32_t a, uint32_t b) {
+        const uint32_t selector = (0x8u | uint32_t(e)) * 0x1111u;
+        const int i = 4 * j + 2 * r2;
+        acc(i) = __uint_as_float(__float_as_uint(acc(i)) & ~prmt(a, 0u, selector));
+        acc(i + 1) = __uint_as_float(__float_as_uint(acc(i + 1)) & ~prmt(b, 0u, selector));
+    });
+}
+
 }  // namespace flash

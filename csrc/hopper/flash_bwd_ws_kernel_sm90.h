@@ -314,8 +314,14 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             return nullptr;
         }
     };
+    // kSplitD (64-key blocks, the exchange form): half of each 128-key Philox group's words, 1024
+    // flag words per block (dropout_bwd_generate2_half), read in the exchange form's accumulator
+    // layout; P^T then has one shared buffer (Traits::kPBuffers, BwdWsBarrier::kPFree).
     auto make_drop_flags = [&](int m_block) {
-        if constexpr (Traits::kDropout) {
+        if constexpr (Traits::kDropout && Traits::kSplitD) {
+            dropout_bwd_generate2_half<Traits::kNConsumerThreads>(Dropout(params, bidb, bidh), drop_flags(m_block),
+                                                                  m_block, n_block, tidx);
+        } else if constexpr (Traits::kDropout) {
             dropout_bwd_generate2<kBlockM, kBlockN, Traits::kNConsumerThreads>(Dropout(params, bidb, bidh),
                                                                                drop_flags(m_block), m_block, n_block,
                                                                                tidx);
@@ -418,7 +424,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     // The exchange form: P^T through shared memory too; dV / dK read both from there (SS).
     auto [tPsPt, tdVrPt, tdKrdSt] = [&]() {
         if constexpr (kExchange) {
-            Tensor sPt = make_tensor(make_smem_ptr(ss.smem_p.data()), typename Traits::SmemLayoutdSt{});
+            Tensor sPt = make_tensor(make_smem_ptr(ss.smem_p.data()), typename Traits::SmemLayoutPt{});
             return cute::make_tuple(thr_mma_sdp.partition_C(sPt), thr_mma_dkv.partition_fragment_A(sPt),
                                     thr_mma_dkv.partition_fragment_A(sdSt));
         } else {
@@ -578,7 +584,13 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor converted = convert_type<Element>(acc_s);
             cute::copy(converted, rP);
         }
-        if constexpr (Traits::kDropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags(m_block), coords_st); }
+        if constexpr (Traits::kDropout) {
+            if constexpr (Traits::kSplitD) {
+                dropout_bwd_apply_p_half(rP, drop_flags(m_block), coords_st);
+            } else {
+                dropout_bwd_apply_p2<kBlockM>(rP, drop_flags(m_block), coords_st);
+            }
+        }
         if constexpr (!kExchange) {
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                      tdVrdOt(_, _, _, stage), acc_dv);
@@ -591,7 +603,13 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             warpgroup_wait<1>();  // dP^T ready (dV may still run)
         }
         warpgroup_fence_operand(acc_dp);
-        if constexpr (Traits::kDropout) { dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags(m_block), coords_st); }
+        if constexpr (Traits::kDropout) {
+            if constexpr (Traits::kSplitD) {
+                dropout_bwd_apply_dp_half(acc_dp, drop_flags(m_block), coords_st);
+            } else {
+                dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags(m_block), coords_st);
+            }
+        }
         const float dp_scale = Traits::kDropout ? params.rp_dropout : 1.f;
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL
@@ -628,14 +646,20 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             cute::copy(rdS, tdSsdSt_buf);
         }
         if constexpr (kExchange) {
-            Tensor tPsPt_buf = tPsPt(_, _, _, ds_buf);
+            if constexpr (Traits::kPBuffers == 1) {
+                // One P^T buffer (dropout): the previous block's dV GEMMs, in both warpgroups,
+                // have read it (each waited for all its GEMMs before leaving that block).
+                if (m_block > m_block_min) { bwd_ws_consumer_sync(BwdWsBarrier::kPFree); }
+            }
+            Tensor tPsPt_buf = tPsPt(_, _, _, Traits::kPBuffers == 1 ? 0 : ds_buf);
             cute::copy(rP, tPsPt_buf);
         }
         cutlass::arch::fence_view_async_shared();
         bwd_ws_consumer_sync(BwdWsBarrier::kdS);
         if constexpr (kExchange) {
             // dV += P^T dO and dK += dS^T Q over this warpgroup's head-dim half, both 64 queries.
-            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdVrPt(_, _, _, ds_buf), tdVrdOt(_, _, _, stage), acc_dv);
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdVrPt(_, _, _, Traits::kPBuffers == 1 ? 0 : ds_buf),
+                                                     tdVrdOt(_, _, _, stage), acc_dv);
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdKrdSt(_, _, _, ds_buf), tdKrQt(_, _, _, stage), acc_dk);
         }
         Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});

@@ -203,7 +203,8 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
 // exchange form (S^T / dP^T split by queries, P^T / dS^T through shared memory, 224 KB), 1 the
 // redundant one (both warpgroups compute the whole S^T / dP^T, 208 KB), 0 none (the SM80-class
 // kernel runs). kMod = false: plain calls; kMod = true (the exchange form only, params.
-// bwd_ws_d256_mod: FLASH_ATTN_BWD_WS_D256_MOD=1, off by default): softcap and / or
+// bwd_ws_d256_mod: FLASH_ATTN_BWD_WS_D256_MOD=1, off by default): dropout (with ALiBi or not, not
+// deterministic; one P^T buffer and two 4 KB flag buffers), softcap and / or
 // ALiBi, or deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det;
 // the consumers add each dQ tile in the slice's order), no dropout. Returns false (nothing
 // launched) for the calls it does not serve.
@@ -214,7 +215,12 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
         const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
         const bool det_ok = !params.deterministic ||
                             (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
-        if (!params.bwd_ws_d256_mod || params.bwd_ws_d256 != 2 || !(has_mod || params.deterministic) || !det_ok || params.p_dropout > 0.f ||
+        // Dropout (with ALiBi or not; softcap with dropout is rejected by the binding) on its own
+        // kernel, not deterministic (those keep the SM80-class kernels' sliced mode).
+        const bool dropout = params.p_dropout > 0.f;
+        const bool served = dropout ? !params.deterministic && params.softcap_scale <= 0.f
+                                    : (has_mod || params.deterministic) && det_ok;
+        if (!params.bwd_ws_d256_mod || params.bwd_ws_d256 != 2 || !served ||
             (params.dq_accum_splits > 1 && !params.deterministic)) {
             return false;
         }
@@ -225,7 +231,11 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
     if constexpr (kMod) {
-        if (params.deterministic) {
+        if (params.p_dropout > 0.f) {
+            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
+                                           /*kSplitD=*/2>;
+            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        } else if (params.deterministic) {
             using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
                                            /*kOrderedDq=*/true>;
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);

@@ -37,6 +37,9 @@ enum class BwdWsBarrier : uint32_t {
     // The split-d kMod kernel's deterministic dQ (consumers' ordered atomics): this CTA's turn
     // has come / its atomics are done. (CUTLASS leaves user ids 0-7.)
     kdQOrder = 6,
+    // The split-d dropout kernel's single P^T buffer: both warpgroups' dV GEMMs of the previous
+    // query block (its readers) have completed.
+    kPFree = 7,
 };
 
 // kDqTma: dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued
@@ -74,12 +77,14 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     static constexpr bool kOverlap = kOverlap_;
     static constexpr bool kMod = kMod_;
     static constexpr bool kDropout = kDropout_;
-    static_assert(!kDropout || (kMod && kDqTma), "the dropout variant is a kMod kernel with the dQ bulk reduce-add");
+    static_assert(!kDropout || (kMod && (kDqTma || kSplitD_ == 2)),
+                  "the dropout variant is a kMod kernel with the dQ bulk reduce-add, or the split-d exchange form's");
     static constexpr bool kSplitD = kSplitD_ != 0;
     // The exchange form: S^T / dP^T split by queries, P^T and dS^T through shared memory.
     static constexpr bool kSplitDExchange = kSplitD_ == 2;
-    static_assert(!kSplitD || (!kDqTma && !kOverlap && !kDropout && (!kMod || kSplitDExchange)),
-                  "the split-d kernel serves plain calls, and score modifiers / deterministic in its exchange form");
+    static_assert(!kSplitD || (!kDqTma && !kOverlap && (!kMod || kSplitDExchange) && (!kDropout || kSplitDExchange)),
+                  "the split-d kernel serves plain calls, and score modifiers / deterministic / dropout in its "
+                  "exchange form");
     static constexpr bool kOrderedDq = kOrderedDq_;
     static_assert(!kOrderedDq || (kSplitD && kMod), "ordered dQ atomics: the split-d kMod kernel");
     static constexpr int kNConsumerThreads = 256;
@@ -167,14 +172,24 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     struct SharedStorageDropout : SharedStorageDqTma {
         cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
     };
-    // kSplitDExchange: P^T beside dS^T (same layout, two buffers).
+    // kSplitDExchange: P^T beside dS^T (same layout; two buffers, one with dropout, whose two
+    // 4 KB flag buffers would not fit next to a second one: 224 KB + 8 KB > 227 KB).
+    static constexpr int kPBuffers = kDropout ? 1 : 2;
+    using SmemLayoutP = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                               Shape<Int<kBlockM>, Int<kBlockN>, Int<kPBuffers>>{}));
+    using SmemLayoutPt = decltype(composition(
+        SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kPBuffers>>{}, Step<_2, _1, _3>{})));
     struct SharedStorageExchange : SharedStoragePlain {
-        cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> smem_p;
+        cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> smem_p;
+    };
+    struct SharedStorageExchangeDropout : SharedStorageExchange {
+        cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
     };
     using SharedStorage = std::conditional_t<
-        kDropout, SharedStorageDropout,
+        kDropout && kSplitDExchange, SharedStorageExchangeDropout,
+        std::conditional_t<kDropout, SharedStorageDropout,
         std::conditional_t<kDqTma, SharedStorageDqTma,
-                           std::conditional_t<kSplitDExchange, SharedStorageExchange, SharedStoragePlain>>>;
+                           std::conditional_t<kSplitDExchange, SharedStorageExchange, SharedStoragePlain>>>>;
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
     static_assert(2 * cosize(typename Base::SmemLayoutdKV{}) <=
