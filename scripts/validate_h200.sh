@@ -24,8 +24,9 @@
 #                                          # deterministic kernel (FLASH_ATTN_BWD_WS_D256_MOD=1): times
 #                                          # vs SM80-class; det check + slice A/B; suite; features
 #   PART=Z bash scripts/validate_h200.sh   # branch next (s11 -> s12): bf16 d128 + d256 build; d256 kMod
-#                                          # times, det check; decode pipeline A/B; suite and d256
-#                                          # feature costs with FLASH_ATTN_BWD_WS_D256_MOD=1
+#                                          # / dropout times, dropout and det checks; decode pipeline A/B
+#   PART=Z2 bash scripts/validate_h200.sh  # on that build, FLASH_ATTN_BWD_WS_D256_MOD=1: suite; d256
+#                                          # feature costs
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -102,16 +103,21 @@ case ${PART:-A} in
     TAIL=3 step test 150 $PY -m pytest tests -q -x
     TAIL=14 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
   Z)
-    # Branch next (session 11 -> 12): the d256 WS kMod kernel after its ATOMG fix (opt-in:
-    # FLASH_ATTN_BWD_WS_D256_MOD=1) and the decode S pipelining (FLASH_ATTN_DECODE_PIPELINE=1).
+    # Branch next (session 11 -> 12), first call: the d256 WS kMod kernel after its ATOMG fix
+    # and its new dropout variant (opt-in: FLASH_ATTN_BWD_WS_D256_MOD=1), the decode S
+    # pipelining (FLASH_ATTN_DECODE_PIPELINE=1). PART=Z2 then runs the suite and feature costs.
     export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
     build
-    TAIL=12 step bench_bwd_d256_mod 40 $PY scripts/bench_bwd_d256_mod.py
-    TAIL=6 step decode_ab 90 $PY scripts/decode_variants_ab.py --rounds 3
-    export FLASH_ATTN_BWD_WS_D256_MOD=1
-    TAIL=16 step check_bwd_ws_det 150 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2 \
-      --bench-head-dims 256
-    TAIL=3 step test 170 $PY -m pytest tests -q -x
+    TAIL=14 step bench_bwd_d256_mod 60 $PY scripts/bench_bwd_d256_mod.py
+    TAIL=6 step decode_ab 80 $PY scripts/decode_variants_ab.py --rounds 3
+    TAIL=14 step check_bwd_ws_dropout 130 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_dropout.py --timeout 60 \
+      --no-bench
+    TAIL=16 step check_bwd_ws_det 130 env FLASH_ATTN_HEAD_DIMS=256 FLASH_ATTN_BWD_WS_D256_MOD=1 $PY \
+      scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2 --bench-head-dims 256 ;;
+  Z2)
+    export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_BWD_WS_D256_MOD=1
+    built || build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=14 step features 30 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
