@@ -77,7 +77,12 @@ def run_case(idx):
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float16
     q, k, v, dout = random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed=2000 + idx)
     slopes = torch.rand(h, device="cuda", dtype=torch.float32) * 0.5 if alibi else None
-    out, lse, rng_state, bwd = custom_op_fwd_bwd(q, k, v, dout, causal, window, p, slopes, varlen)
+    try:
+        out, lse, rng_state, bwd = custom_op_fwd_bwd(q, k, v, dout, causal, window, p, slopes, varlen)
+    except RuntimeError as e:
+        if "this build has no kernels" in str(e):
+            return f"skipped: {dtype_name} head dim {d} not built"
+        raise
     wl, wr = window
     seed, offset = rng_state.tolist()
     mask = U.dropout_keep_ref(seed, offset, b, h, sq, sk, p).cuda()

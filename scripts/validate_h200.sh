@@ -23,7 +23,7 @@
 #   PART=H bash scripts/validate_h200.sh   # d256 build; the split-d WS backward's softcap / ALiBi /
 #                                          # deterministic kernel (FLASH_ATTN_BWD_WS_D256_MOD=1): times
 #                                          # vs SM80-class; det check + slice A/B; suite; features
-#   PART=Z bash scripts/validate_h200.sh   # branch next (s11 -> s12): bf16 d128 + d256 build; d256 kMod
+#   PART=Z bash scripts/validate_h200.sh   # branch next (s11 -> s12): d128 + d256 build; d256 kMod
 #                                          # / dropout times, dropout and det checks; decode pipeline A/B
 #   PART=Z2 bash scripts/validate_h200.sh  # on that build, FLASH_ATTN_BWD_WS_D256_MOD=1: suite; d256
 #                                          # feature costs
@@ -106,7 +106,7 @@ case ${PART:-A} in
     # Branch next (session 11 -> 12), first call: the d256 WS kMod kernel after its ATOMG fix
     # and its new dropout variant (opt-in: FLASH_ATTN_BWD_WS_D256_MOD=1), the decode S
     # pipelining (FLASH_ATTN_DECODE_PIPELINE=1). PART=Z2 then runs the suite and feature costs.
-    export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
+    export FLASH_ATTN_HEAD_DIMS=128,256
     build
     TAIL=14 step bench_bwd_d256_mod 60 $PY scripts/bench_bwd_d256_mod.py
     TAIL=6 step decode_ab 80 $PY scripts/decode_variants_ab.py --rounds 3
@@ -115,7 +115,7 @@ case ${PART:-A} in
     TAIL=16 step check_bwd_ws_det 130 env FLASH_ATTN_HEAD_DIMS=256 FLASH_ATTN_BWD_WS_D256_MOD=1 $PY \
       scripts/check_bwd_ws_det.py --timeout 60 --splits 1,2 --bench-head-dims 256 ;;
   Z2)
-    export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_BWD_WS_D256_MOD=1
+    export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_BWD_WS_D256_MOD=1
     built || build
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=14 step features 30 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
