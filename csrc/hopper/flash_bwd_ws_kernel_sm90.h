@@ -316,7 +316,11 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     };
     // kSplitD (64-key blocks, the exchange form): half of each 128-key Philox group's words, 1024
     // flag words per block (dropout_bwd_generate2_half), read in the exchange form's accumulator
-    // layout; P^T then has one shared buffer (Traits::kPBuffers, BwdWsBarrier::kPFree).
+    // layout; P^T then has one shared buffer (Traits::kPBuffers, BwdWsBarrier::kPFree). Block
+    // m + 1's flags are generated in block m while its S^T / dP^T GEMMs run (the dQ window holds
+    // the dK, dV and dQ accumulators, 192 registers, and spilled): its buffer's readers (block
+    // m - 1) passed block m - 1's dS barrier before any thread got here, and block m's dS barrier
+    // orders the writes before block m + 1 reads them.
     auto make_drop_flags = [&](int m_block) {
         if constexpr (Traits::kDropout && Traits::kSplitD) {
             dropout_bwd_generate2_half<Traits::kNConsumerThreads>(Dropout(params, bidb, bidh), drop_flags(m_block),
@@ -455,7 +459,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
 
     if constexpr (Traits::kDropout) {  // while K / V land; the barrier below publishes them
         if (m_block_max > m_block_min) { make_drop_flags(m_block_min); }
-        if (m_block_max > m_block_min + 1) { make_drop_flags(m_block_min + 1); }
+        if constexpr (!Traits::kSplitD) {  // (split-d: block m + 1 is generated in block m)
+            if (m_block_max > m_block_min + 1) { make_drop_flags(m_block_min + 1); }
+        }
     }
     // K / V landed (cp.async through the generic proxy; wgmma reads through the async proxy).
     cp_async_wait<0>();
@@ -542,6 +548,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        if constexpr (Traits::kDropout && Traits::kSplitD) {
+            // Block m + 1's flags while S^T / dP^T run (see make_drop_flags).
+            if (m_block + 1 < m_block_max) { make_drop_flags(m_block + 1); }
+        }
         if constexpr (Traits::kOverlap) {
             if (m_block > m_block_min) { write_out_dq(acc_dq_carried, m_block - 1); }
         }
@@ -666,7 +676,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         if constexpr (Traits::kDropout) {
             // Block m + 2's flags while dV, dK and dQ run (see make_drop_flags).
             wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
-            if (m_block + 2 < m_block_max) { make_drop_flags(m_block + 2); }
+            if constexpr (!Traits::kSplitD) {
+                if (m_block + 2 < m_block_max) { make_drop_flags(m_block + 2); }
+            }
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_dq);
         } else {
