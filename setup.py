@@ -9,6 +9,8 @@ configuration takes a minute or two (see docs/design.md):
     FLASH_ATTN_DTYPES       "fp16,bf16" (default)
     FLASH_ATTN_SKIP_CUDA_BUILD=1  -- install the Python package only
     FLASH_ATTN_PTXAS_VERBOSE=1    -- print registers / spills / shared memory per kernel
+    FLASH_ATTN_AB_KERNELS=1       -- also compile the A/B-only kernels (measured slower than the
+                                     defaults; their run-time switches need them)
     CUTLASS_PATH            -- CUTLASS headers (a checkout or an include folder); default: the
                                pinned nvidia-cutlass wheel
     MAX_JOBS                -- parallel compile jobs (ninja), default: all cores
@@ -140,6 +142,8 @@ def _extensions():
                for a in archs]
     if "90" in archs:
         defines.append("-DFLASH_ATTN_SM90A")
+    if os.environ.get("FLASH_ATTN_AB_KERNELS", "0") == "1":
+        defines.append("-DFLASH_ATTN_AB_KERNELS")
     nvcc_flags = [
         "-O3", "--use_fast_math", "--expt-relaxed-constexpr",
         "--expt-extended-lambda",
@@ -147,7 +151,7 @@ def _extensions():
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-        "-DNDEBUG", *gencode, *[d for d in defines if d == "-DFLASH_ATTN_SM90A"],
+        "-DNDEBUG", *gencode, *[d for d in defines if d in ("-DFLASH_ATTN_SM90A", "-DFLASH_ATTN_AB_KERNELS")],
     ]
     if os.environ.get("FLASH_ATTN_PTXAS_VERBOSE", "0") == "1":
         nvcc_flags += ["-Xptxas=-v"]

@@ -132,6 +132,16 @@ inline bool has_features(const FwdParams &p) {
 
 // A window side that never masks anything (large, yet safe to add to row indices).
 constexpr int kWindowUnbounded = 1 << 29;
+// Kernels that exist only for A/B timing (measured slower than the defaults on the H200) are
+// compiled only with FLASH_ATTN_AB_KERNELS=1 at build time (setup.py defines the macro): the
+// persistent WS forward, the WS forward's FA3 tile shapes (176 / 80 keys), the redundant d256 WS
+// backward and the SM80-class d256 backward's variants 0 / 3 / 5 / 7. The binding rejects their
+// run-time switches otherwise.
+#ifdef FLASH_ATTN_AB_KERNELS
+constexpr bool kBuildAbKernels = true;
+#else
+constexpr bool kBuildAbKernels = false;
+#endif
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
 // 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.
 constexpr int kSplitKVWideSmemBytes = (16 + 8 * 3 * 2 * 16) * 128 * 2;

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flash.h"
@@ -150,6 +151,13 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
+// A/B-only kernels (flash::kBuildAbKernels) are compiled only with FLASH_ATTN_AB_KERNELS=1 at build
+// time; `ok` false means the call asked for one of them through `setting`.
+void require_ab_kernels(bool ok, const std::string &setting) {
+    FLASH_CHECK(ok || flash::kBuildAbKernels, "flash_attn: ", setting,
+                " selects an A/B-only kernel that this build left out; rebuild with FLASH_ATTN_AB_KERNELS=1");
+}
+
 // The plain sm_90a backward calls (head-dim tiles 64 and 128, no softcap / ALiBi / dropout /
 // deterministic) run the warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp,
 // two consumer warpgroups) instead of the lock-step one; FLASH_ATTN_BWD_WS=0 selects the lock-step
@@ -169,6 +177,7 @@ int bwd_ws_d256_mode() {
     const std::string choice(env);
     FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
                 "flash_attn: FLASH_ATTN_BWD_WS_D256 must be '0', '1' or '2', got '", choice, "'");
+    require_ab_kernels(choice != "1", "FLASH_ATTN_BWD_WS_D256=1");
     return choice[0] - '0';
 }
 
@@ -188,6 +197,7 @@ int bwd_sm80_variant() {
     const std::string choice(env);
     FLASH_CHECK(choice == "0" || choice == "1" || choice == "3" || choice == "5" || choice == "7",
                 "flash_attn: FLASH_ATTN_BWD_SM80_VARIANT must be 0, 1, 3, 5 or 7, got '", choice, "'");
+    require_ab_kernels(choice == "1", "FLASH_ATTN_BWD_SM80_VARIANT=" + choice);
     return choice[0] - '0';
 }
 
@@ -196,7 +206,18 @@ int bwd_sm80_variant() {
 // consumers' V pipeline state was not advanced past a tile's last V slot) and it passes
 // scripts/check_fwd_ws_persistent.py on the H200 (session 11), but it is not faster there (0.62-1.07x
 // the one-tile kernel over the grid; docs/results/s11/x_check_fwd_ws_persistent.log).
-bool fwd_ws_persistent_enabled() { return env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false); }
+// The WS forward's A/B-only kernels (flash::kBuildAbKernels): the persistent one and FA3's tile
+// shapes (FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80).
+bool fwd_ws_persistent_enabled() {
+    const bool on = env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false);
+    require_ab_kernels(!on, "FLASH_ATTN_FWD_WS_PERSISTENT=1");
+    for (const auto &[name, alt] : {std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D128_N", "176"},
+                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"}}) {
+        const char *env = std::getenv(name);
+        require_ab_kernels(env == nullptr || std::string(env) != alt, std::string(name) + "=" + alt);
+    }
+    return on;
+}
 
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma (the default since session 8) writes each query

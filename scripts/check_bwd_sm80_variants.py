@@ -8,6 +8,9 @@ is checked against the fp32 reference (the suite's 2x rule) on odd shapes, then 
 against SDPA-flash (FA2) in interleaved rounds: add a variant here to A/B the next change.
 
     python scripts/check_bwd_sm80_variants.py
+
+Needs a build with FLASH_ATTN_AB_KERNELS=1 (these are A/B-only kernels; other builds reject the
+switches).
 """
 import os
 import sys

@@ -15,6 +15,9 @@ Then times both paths over seqlen 512..16k (16k tokens, hidden 2048), bf16, caus
         [--case-timeout 30]
 
 A case still running after --case-timeout seconds (a hang) ends the run with its name printed.
+
+Needs a build with FLASH_ATTN_AB_KERNELS=1 (these are A/B-only kernels; other builds reject the
+switches).
 """
 
 import argparse

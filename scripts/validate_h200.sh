@@ -36,6 +36,8 @@ step() { local name=$1 t=$2; shift 2; local left=$(( DEADLINE - ($(date +%s) - T
          (( t > left )) && t=$left; (( t < 10 )) && { echo "== $name skipped (no time left)"; return 1; }
          local t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?;
          echo "== $name rc=$rc $(( $(date +%s) - t0 )) s"; tail -${TAIL:-4} "$OUT/$name.log"; return $rc; }
+# Parts that time A/B-only kernels (persistent forward, FA3 tiles, SM80-class d256 variants, the
+# redundant d256 WS backward) export FLASH_ATTN_AB_KERNELS=1 before building.
 build() { step build 420 env FLASH_ATTN_PTXAS_VERBOSE=1 $PY -m pip install --no-build-isolation --no-deps -e . || exit 1
           grep -E "spill stores" "$OUT/build.log" | grep -v " 0 bytes spill stores" | sort | uniq -c | head -8
           grep -E "C75[0-9][0-9]" "$OUT/build.log" | sort | uniq -c | head -4; }  # wgmma serialisation
@@ -107,6 +109,7 @@ case ${PART:-A} in
     TAIL=18 step check_bwd_ws_dropout 150 $PY scripts/check_bwd_ws_dropout.py --timeout 60
     TAIL=20 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat ;;
   V)
+    export FLASH_ATTN_AB_KERNELS=1
     # The d256 SM80-class backward's A/B (FLASH_ATTN_BWD_SM80_VARIANT, session 10): head dim 256
     # build; each variant against the reference and timed against FA2; ncu of variants 1 / 3 with
     # source counters; then the suite on this build (default variant).
@@ -121,6 +124,7 @@ case ${PART:-A} in
     done
     TAIL=3 step test 150 $PY -m pytest tests -q -x ;;
   W)
+    export FLASH_ATTN_AB_KERNELS=1
     # Branch ws-persistent-fix (session 10, not GPU-run): the persistent WS forward with the fix of
     # its consumers' V pipeline state. check_fwd_ws_persistent.py: bitwise equal to the one-tile
     # kernel and within the reference rule (tiles per CTA 0..~100), then both timed over seqlen
@@ -130,6 +134,7 @@ case ${PART:-A} in
     TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
     TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
   X)
+    export FLASH_ATTN_AB_KERNELS=1
     # Branch next (session 10 -> 11: ws-persistent-fix + bwd256-variants + ws-bwd-d256), one build:
     # head dims 64 / 128 / 256; the persistent forward's check and timing; the d256 backward
     # variants' check and A/B against FA2. PART=Y then runs the suite and the feature costs on it.
@@ -138,6 +143,7 @@ case ${PART:-A} in
     TAIL=45 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py
     TAIL=30 step check_bwd_sm80_variants 120 $PY scripts/check_bwd_sm80_variants.py ;;
   Y)
+    export FLASH_ATTN_AB_KERNELS=1
     # + ws-bwd-d256 (session 10): the split-d WS backward at head dim 256 (FLASH_ATTN_BWD_WS_D256=1 / 2),
     # each case in its own process under a timeout, then timed against the SM80-class kernel.
     export FLASH_ATTN_HEAD_DIMS=64,128,256

@@ -5,6 +5,9 @@ window, or 128) and d256 key tile (FLASH_ATTN_FWD_WS_D256_N unset = 80, or 64), 
 the deterministic backward (causal and not) next to the default one.
 
     python scripts/ws_tile_ab.py
+
+Needs a build with FLASH_ATTN_AB_KERNELS=1 (these are A/B-only kernels; other builds reject the
+switches).
 """
 import os
 

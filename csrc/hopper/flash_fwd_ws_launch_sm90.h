@@ -134,7 +134,7 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         return false;
     }
     const bool dropout = kFeat && params.p_dropout > 0.f;
-    if constexpr (kHeadDim == 128 || kHeadDim == 256) {
+    if constexpr (kBuildAbKernels && (kHeadDim == 128 || kHeadDim == 256)) {
         const char *env = std::getenv(kHeadDim == 128 ? "FLASH_ATTN_FWD_WS_D128_N" : "FLASH_ATTN_FWD_WS_D256_N");
         const bool alt = env != nullptr && std::strcmp(env, kHeadDim == 128 ? "176" : "80") == 0;
         if (alt && !dropout && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
@@ -144,7 +144,8 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         }
     }
     static_assert(!kFeat || Traits::kDropoutTiles);
-    fwd_ws_detail::launch<Traits, kFeat, /*kMayPersist=*/!kFeat>(params, stream, rows_q, batch_q, rows_k, batch_k);
+    fwd_ws_detail::launch<Traits, kFeat, /*kMayPersist=*/!kFeat && kBuildAbKernels>(params, stream, rows_q, batch_q,
+                                                                                   rows_k, batch_k);
     return true;
 }
 
