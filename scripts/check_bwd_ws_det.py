@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, check_main, env_set, random_qkv_dout  # noqa: E402
+from gpu_check_common import (  # noqa: E402
+    bench_backward_variants, cases_of_built_head_dims, check_main, env_set, random_qkv_dout)
 
 # Head dim 256: its WS deterministic mode is the split-d kernel's kMod variant, opt-in.
 os.environ.setdefault("FLASH_ATTN_BWD_WS_D256_MOD", "1")
@@ -64,11 +65,7 @@ CASES = [
     ("bf16", 256, 1, 12000, 12000, 1, 1, True, (-1, -1), None),
 ]
 
-# A build restricted by FLASH_ATTN_HEAD_DIMS (inherited by the per-case processes, so the indices
-# agree) runs only the cases of the head-dim tiles it has.
-if os.environ.get("FLASH_ATTN_HEAD_DIMS"):
-    _built = {int(x) for x in os.environ["FLASH_ATTN_HEAD_DIMS"].split(",") if x}
-    CASES = [c for c in CASES if (64 if c[1] <= 64 else 128 if c[1] <= 128 else 256) in _built]
+CASES = cases_of_built_head_dims(CASES)
 
 
 def run_case(idx):

@@ -28,7 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from gpu_check_common import bench_backward_variants, check_main, custom_op_fwd_bwd, random_qkv_dout  # noqa: E402
+from gpu_check_common import (  # noqa: E402
+    bench_backward_variants, cases_of_built_head_dims, check_main, custom_op_fwd_bwd, random_qkv_dout)
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, alibi, p, varlen)
 CASES = [
@@ -55,11 +56,7 @@ CASES = [
     ("fp16", 256, 3, 300, 257, 4, 2, True, (-1, -1), True, 0.4, True),
     ("bf16", 256, 3, 1, 77, 4, 4, False, (-1, -1), False, 0.1, True),
 ]
-# A build restricted by FLASH_ATTN_HEAD_DIMS (inherited by the per-case processes, so the indices
-# agree) runs only the cases of the head-dim tiles it has.
-if os.environ.get("FLASH_ATTN_HEAD_DIMS"):
-    _built = {int(x) for x in os.environ["FLASH_ATTN_HEAD_DIMS"].split(",") if x}
-    CASES = [c for c in CASES if (64 if c[1] <= 64 else 128 if c[1] <= 128 else 256) in _built]
+CASES = cases_of_built_head_dims(CASES)
 # The environments of the WS kernel and of the reference kernel it is compared with, per head dim.
 WS_ENV = {256: {"FLASH_ATTN_BWD_WS_D256_MOD": "1"}}
 LOCK_ENV = {256: {"FLASH_ATTN_BWD_WS_D256_MOD": "0"}}

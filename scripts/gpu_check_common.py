@@ -59,6 +59,16 @@ def run_cases_in_processes(script, cases, timeout, label_width=60):
     return failed
 
 
+def cases_of_built_head_dims(cases, d_index=1):
+    """The cases whose head-dim tile (64 / 128 / 256) a build restricted by FLASH_ATTN_HEAD_DIMS has
+    (all of them otherwise). The per-case processes inherit the variable, so indices agree."""
+    built = os.environ.get("FLASH_ATTN_HEAD_DIMS")
+    if not built:
+        return cases
+    tiles = {int(x) for x in built.split(",") if x}
+    return [c for c in cases if (64 if c[d_index] <= 64 else 128 if c[d_index] <= 128 else 256) in tiles]
+
+
 def random_qkv_dout(dtype, b, sq, sk, h, hk, d, seed):
     """q (b, sq, h, d), k and v (b, sk, hk, d) requiring grad, dout like q; seeded."""
     import torch
