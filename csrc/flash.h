@@ -222,6 +222,9 @@ struct BwdParams : FwdParams {
     // form only): set by the binding from FLASH_ATTN_BWD_WS_D256_MOD=1 (default off: 1.1-1.6x
     // slower than the SM80-class feature kernels on the H200 in session 11, cause not found yet).
     bool bwd_ws_d256_mod;
+    // The d256 split-d plain kernel's dQ as 16-byte atomics (A/B, FLASH_ATTN_BWD_WS_DQ_V4=1): lane
+    // pairs swap half their fragments so that each lane holds 4 adjacent columns of one row.
+    bool bwd_ws_dq_v4;
 };
 
 inline bool has_features(const BwdParams &p) {

@@ -247,6 +247,7 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_sm80_variant = bwd_sm80_variant();
     params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
     params.bwd_ws_d256_mod = params.bwd_ws_d256 == 2 && bwd_ws_d256_mod_enabled();
+    params.bwd_ws_dq_v4 = params.bwd_ws_d256 == 2 && env_switch("FLASH_ATTN_BWD_WS_DQ_V4", false);
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least

@@ -29,6 +29,7 @@ from gpu_check_common import bench_backward_variants, check_main, custom_op_fwd_
 ENV_ON = {"FLASH_ATTN_BWD_WS_D256": "1"}  # the split-d WS kernel (S^T / dP^T in both warpgroups)
 ENV_EXCHANGE = {"FLASH_ATTN_BWD_WS_D256": "2"}  # its exchange form (S^T / dP^T split by queries)
 ENV_OFF = {"FLASH_ATTN_BWD_WS_D256": "0"}
+ENV_V4 = {"FLASH_ATTN_BWD_WS_DQ_V4": "1"}  # the exchange form with float4 dQ atomics (A/B)
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, varlen)
 CASES = [
@@ -69,6 +70,7 @@ def run_case(idx):
             raise
         ws = None
     ex = bwd(ENV_EXCHANGE)
+    v4 = bwd(ENV_V4)
     sm80 = bwd(ENV_OFF)
     if ws is None:
         ws = ex
@@ -78,12 +80,15 @@ def run_case(idx):
     for i, n in enumerate(("dq", "dk", "dv")):
         U.assert_close_to_ref(f"{n} ws", ws[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
         U.assert_close_to_ref(f"{n} ws exchange", ex[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
+        U.assert_close_to_ref(f"{n} ws exchange float4 dQ", v4[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
+        if n != "dq":
+            assert torch.equal(v4[i], ex[i]), f"{n}: float4 dQ atomics changed {n}"
         U.assert_close_to_ref(f"{n} sm80", sm80[i], g_ref[i], g_pt[i], U.GRAD_SLACK)
         notes.append(f"{n} ~{U.max_err(ws[i], sm80[i]):.1e} / ~{U.max_err(ex[i], sm80[i]):.1e}")
 
     from torch.profiler import ProfilerActivity, profile
 
-    for env in (ENV_EXCHANGE,):
+    for env in (ENV_EXCHANGE, ENV_V4):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             bwd(env)
         names = [e.key for e in prof.key_averages()]
@@ -93,8 +98,8 @@ def run_case(idx):
 
 
 def bench():
-    bench_backward_variants([("SM80-class", {}, ENV_OFF), ("WS split-d", {}, ENV_ON), ("WS exchange", {}, ENV_EXCHANGE)],
-                            head_dims=(256,))
+    bench_backward_variants([("SM80-class", {}, ENV_OFF), ("WS exchange", {}, ENV_EXCHANGE),
+                             ("WS exchange float4 dQ", {}, ENV_V4)], head_dims=(256,))
 
 
 def main():

@@ -514,9 +514,29 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                 }
                 bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
             }
-            CUTE_UNROLL
-            for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
-                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
+            if constexpr (Traits::kDqV4) {
+                // Elements 4 j + {0, 1} are (row r, columns c, c + 1), 4 j + {2, 3} (row r + 8,
+                // same columns), c = 8 j + 2 (lane % 4) (the wgmma accumulator layout). Lanes 2 k
+                // and 2 k + 1 hold columns c and c + 2: the even lane trades its row r + 8 pair for
+                // its partner's row r pair and adds 4 columns of row r from column c, the odd lane
+                // 4 columns of row r + 8 from column c - 2.
+                const bool odd = (threadIdx.x & 1) != 0;
+                CUTE_UNROLL
+                for (int j = 0; j < size(dq) / 4; ++j) {
+                    const float send0 = odd ? dq(4 * j) : dq(4 * j + 2);
+                    const float send1 = odd ? dq(4 * j + 1) : dq(4 * j + 3);
+                    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+                    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+                    float *dst = odd ? &tdQgdQaccum(4 * j + 2) - 2 : &tdQgdQaccum(4 * j);
+                    const float4 v = odd ? make_float4(got0, got1, dq(4 * j + 2), dq(4 * j + 3))
+                                         : make_float4(dq(4 * j), dq(4 * j + 1), got0, got1);
+                    atomicAdd(reinterpret_cast<float4 *>(dst), v);
+                }
+            } else {
+                CUTE_UNROLL
+                for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                    atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
+                }
             }
             if constexpr (kOrderedAtomics) {
                 bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);

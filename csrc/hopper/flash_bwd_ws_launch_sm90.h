@@ -244,6 +244,12 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
         }
     } else if (!kBuildAbKernels || params.bwd_ws_d256 == 2) {
+        if (params.bwd_ws_dq_v4) {  // A/B: float4 dQ atomics
+            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2,
+                                           /*kOrderedDq=*/false, /*kDqV4=*/true>;
+            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+            return true;
+        }
         using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else if constexpr (kBuildAbKernels) {  // the redundant form (FLASH_ATTN_BWD_WS_D256=1), A/B only

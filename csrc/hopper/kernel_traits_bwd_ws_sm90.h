@@ -58,8 +58,11 @@ enum class BwdWsBarrier : uint32_t {
 // tile in its slice's order (BwdWsDqOrder). Its own kernel: the fence that publishes the adds
 // makes ptxas turn every float2 atomic of the function into ATOMG (which waits for its result)
 // instead of REDG, which the non-deterministic calls should not pay for.
+// kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
+// atomic instructions of float2).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
-          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kOrderedDq_ = false>
+          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kOrderedDq_ = false,
+          bool kDqV4_ = false>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
                                             BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_>> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
@@ -86,6 +89,8 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
                   "the split-d kernel serves plain calls, and score modifiers / deterministic / dropout in its "
                   "exchange form");
     static constexpr bool kOrderedDq = kOrderedDq_;
+    static constexpr bool kDqV4 = kDqV4_;
+    static_assert(!kDqV4 || (kSplitD && !kOrderedDq), "float4 dQ atomics: the split-d kernel's unordered atomics");
     static_assert(!kOrderedDq || (kSplitD && kMod), "ordered dQ atomics: the split-d kMod kernel");
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
