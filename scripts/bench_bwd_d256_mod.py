@@ -19,14 +19,9 @@ def main():
 
     slopes = torch.rand(8, device="cuda", dtype=torch.float32) * 0.5
     mod = {"FLASH_ATTN_BWD_WS_D256_MOD": "1"}
-<<<<<<< HEAD
-    variants = [("plain", {}, {})]
+    variants = [("plain", {}, {}), ("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]
     for tag, kw in (("alibi", {"alibi_slopes": slopes}), ("softcap", {"softcap": 30.0}), ("det", {"deterministic": True}),
                     ("drop", {"dropout_p": 0.1})):
-=======
-    variants = [("plain", {}, {}), ("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]
-    for tag, kw in (("alibi", {"alibi_slopes": slopes}), ("softcap", {"softcap": 30.0}), ("det", {"deterministic": True})):
->>>>>>> dq-v4
         variants += [(f"{tag} sm80", kw, {}), (f"{tag} ws", kw, mod)]
     variants += [("det ws s=1", {"deterministic": True}, dict(mod, FLASH_ATTN_BWD_WS_DET_SPLITS="1"))]
     bench_backward_variants(variants, head_dims=(256,))

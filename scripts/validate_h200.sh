@@ -26,7 +26,7 @@
 #   PART=Z bash scripts/validate_h200.sh   # branch next (s11 -> s12): d128 + d256 build; d256 kMod
 #                                          # / dropout times, dropout and det checks; decode pipeline A/B
 #   PART=Z2 bash scripts/validate_h200.sh  # on that build, FLASH_ATTN_BWD_WS_D256_MOD=1: suite; d256
-#                                          # feature costs
+#                                          # feature costs; d256 WS check incl. float4 dQ (DQ_V4) + times
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -120,7 +120,8 @@ case ${PART:-A} in
     export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_BWD_WS_D256_MOD=1
     built || build
     TAIL=3 step test 200 $PY -m pytest tests -q -x
-    TAIL=14 step features 30 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat ;;
+    TAIL=14 step features 30 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat
+    TAIL=20 step check_bwd_ws_d256 150 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_d256.py --timeout 60 ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),
