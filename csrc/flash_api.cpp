@@ -170,7 +170,7 @@ bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 // FLASH_ATTN_BWD_WS_D256: the head-dim 256 plain backward (BwdParams::bwd_ws_d256), read at each
 // call. 2 (unset: the warp-specialised split-d backward in its exchange form: 288 TFLOP/s at bf16 8k
 // on the H200, session 11, against 208 for the SM80-class kernel and 261 for FA2), 1 (the
-// redundant form, 245 TFLOP/s) or 0 (the SM80-class kernel).
+// redundant form, 245 TFLOP/s; FLASH_ATTN_AB_KERNELS=1 builds only) or 0 (the SM80-class kernel).
 int bwd_ws_d256_mode() {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_D256");
     if (env == nullptr || env[0] == '\0') return 2;
@@ -185,7 +185,8 @@ int bwd_ws_d256_mode() {
 // kernel's kMod variant (BwdParams::bwd_ws_d256_mod), read at each call. Default off: correct on
 // the H200 (session 11: check_bwd_ws_det.py, the suite), but slower than the SM80-class feature
 // kernels (ALiBi bwd 15.1 vs 13.9 ms, softcap 16.0 vs 14.2, deterministic 14.9-17.3 vs 15.6 at
-// bf16 8k) while the plain kernel runs 9.6 ms: under investigation.
+// bf16 8k) while the plain kernel runs 9.6 ms. The SASS showed why (its dQ atomics had become
+// ATOMG); the fix awaits its measurement (docs/perf-notes.md).
 bool bwd_ws_d256_mod_enabled() { return env_switch("FLASH_ATTN_BWD_WS_D256_MOD", false); }
 
 // The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
@@ -205,9 +206,9 @@ int bwd_sm80_variant() {
 // the tiles (read at each call, for A/B). Default off: its session-7 hang is fixed (session 10: the
 // consumers' V pipeline state was not advanced past a tile's last V slot) and it passes
 // scripts/check_fwd_ws_persistent.py on the H200 (session 11), but it is not faster there (0.62-1.07x
-// the one-tile kernel over the grid; docs/results/s11/x_check_fwd_ws_persistent.log).
-// The WS forward's A/B-only kernels (flash::kBuildAbKernels): the persistent one and FA3's tile
-// shapes (FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80).
+// the one-tile kernel over the grid; docs/results/s11/x_check_fwd_ws_persistent.log). It and FA3's
+// tile shapes (FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80), both checked here, are
+// the WS forward's A/B-only kernels (flash::kBuildAbKernels).
 bool fwd_ws_persistent_enabled() {
     const bool on = env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false);
     require_ab_kernels(!on, "FLASH_ATTN_FWD_WS_PERSISTENT=1");
