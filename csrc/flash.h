@@ -136,7 +136,8 @@ constexpr int kWindowUnbounded = 1 << 29;
 // Kernels that exist only for A/B timing (measured slower than the defaults on the H200) are
 // compiled only with FLASH_ATTN_AB_KERNELS=1 at build time (setup.py defines the macro): the
 // persistent WS forward, the WS forward's FA3 tile shapes (176 / 80 keys), the redundant d256 WS
-// backward and the SM80-class d256 backward's variants 0 / 3 / 5 / 7. The binding rejects their
+// backward, the SM80-class d256 backward's variants 0 / 3 / 5 / 7, the d256 WS backward's float4 dQ
+// atomics and the split-KV kernel's S pipelining. The binding rejects their
 // run-time switches otherwise.
 #ifdef FLASH_ATTN_AB_KERNELS
 constexpr bool kBuildAbKernels = true;
@@ -219,8 +220,8 @@ struct BwdParams : FwdParams {
     // 1 = the redundant form; 0 = off).
     int bwd_ws_d256;
     // Head dim 256 softcap / ALiBi / deterministic calls on that kernel's kMod variant (exchange
-    // form only): set by the binding from FLASH_ATTN_BWD_WS_D256_MOD=1 (default off: 1.1-1.6x
-    // slower than the SM80-class feature kernels on the H200 in session 11, cause not found yet).
+    // form only): set by the binding from FLASH_ATTN_BWD_WS_D256_MOD (default on since session 12:
+    // 1.07-1.43x faster than the SM80-class feature kernels on the H200).
     bool bwd_ws_d256_mod;
     // The d256 split-d plain kernel's dQ as 16-byte atomics (A/B, FLASH_ATTN_BWD_WS_DQ_V4=1): lane
     // pairs swap half their fragments so that each lane holds 4 adjacent columns of one row.

@@ -181,13 +181,12 @@ int bwd_ws_d256_mode() {
     return choice[0] - '0';
 }
 
-// FLASH_ATTN_BWD_WS_D256_MOD=1: head dim 256 softcap / ALiBi / deterministic calls on the split-d
-// kernel's kMod variant (BwdParams::bwd_ws_d256_mod), read at each call. Default off: correct on
-// the H200 (session 11: check_bwd_ws_det.py, the suite), but slower than the SM80-class feature
-// kernels (ALiBi bwd 15.1 vs 13.9 ms, softcap 16.0 vs 14.2, deterministic 14.9-17.3 vs 15.6 at
-// bf16 8k) while the plain kernel runs 9.6 ms. The SASS showed why (its dQ atomics had become
-// ATOMG); the fix awaits its measurement (docs/perf-notes.md).
-bool bwd_ws_d256_mod_enabled() { return env_switch("FLASH_ATTN_BWD_WS_D256_MOD", false); }
+// FLASH_ATTN_BWD_WS_D256_MOD (default on; =0 selects the SM80-class kernels): head dim 256 softcap /
+// ALiBi / dropout / deterministic calls on the split-d kernel's kMod variant
+// (BwdParams::bwd_ws_d256_mod), read at each call. H200 bf16 8k backward (session 12,
+// docs/results/s12/z_bench_bwd_d256_mod.log), SM80-class -> kMod, plain 9.56 ms: ALiBi 13.74 ->
+// 9.57, softcap 14.06 -> 10.69, dropout 0.1 15.24 -> 10.84, deterministic 15.55 -> 14.39.
+bool bwd_ws_d256_mod_enabled() { return env_switch("FLASH_ATTN_BWD_WS_D256_MOD", true); }
 
 // The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
 // FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK), 0 (after), or the A/B variants 3, 5, 7
@@ -249,6 +248,7 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
     params.bwd_ws_d256_mod = params.bwd_ws_d256 == 2 && bwd_ws_d256_mod_enabled();
     params.bwd_ws_dq_v4 = params.bwd_ws_d256 == 2 && env_switch("FLASH_ATTN_BWD_WS_DQ_V4", false);
+    require_ab_kernels(!params.bwd_ws_dq_v4, "FLASH_ATTN_BWD_WS_DQ_V4=1");
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
@@ -395,7 +395,7 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // hopper/flash_bwd_ws_launch_sm90.h, applies the same conditions, plus stride / alignment checks
 // under which it declines and the lock-step kernel's sliced mode runs instead): the WS kernel with
 // the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8; at head
-// dim 256 the split-d kernel's exchange form with FLASH_ATTN_BWD_WS_D256_MOD=1 (off by default),
+// dim 256 the split-d kernel's exchange form unless FLASH_ATTN_BWD_WS_D256_MOD=0,
 // whose consumers order their dQ atomics. FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
 // deterministic calls on the lock-step (d256: SM80-class) kernel.
 bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
@@ -1074,6 +1074,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_skip_rescale = env_switch("FLASH_ATTN_DECODE_SKIP_RESCALE", true);
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
+        require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {
@@ -1151,5 +1152,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return false;
 #endif
     }, "Whether this build contains sm_90a kernels");
+    m.def("ab_kernels_built", []() { return flash::kBuildAbKernels; },
+          "Whether this build contains the A/B-only kernels (FLASH_ATTN_AB_KERNELS=1)");
     m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
 }

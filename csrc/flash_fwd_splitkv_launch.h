@@ -61,8 +61,10 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
                                 : &flash_fwd_splitkv_kernel<Traits, false, true, false>)
                           : (pf ? &flash_fwd_splitkv_kernel<Traits, false, false, true>
                                 : &flash_fwd_splitkv_kernel<Traits, false, false, false>);
-            if (params.decode_pipeline_s && skip && !pf) {
-                kernel = &flash_fwd_splitkv_kernel<Traits, false, true, false, /*kPipelineS=*/true>;
+            if constexpr (kBuildAbKernels) {  // A/B only (session 12: 0.3-1.4% slower than skip)
+                if (params.decode_pipeline_s && skip && !pf) {
+                    kernel = &flash_fwd_splitkv_kernel<Traits, false, true, false, /*kPipelineS=*/true>;
+                }
             }
         }
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Times the head-dim 256 feature backwards (ALiBi, softcap, deterministic, dropout) on the SM80-class kernels
-(default) and on the split-d WS kernel's kMod variant (FLASH_ATTN_BWD_WS_D256_MOD=1), bf16 8k.
+"""Times the head-dim 256 feature backwards (ALiBi, softcap, deterministic, dropout) on the split-d WS kernel's
+kMod variant (the default since session 12) and on the SM80-class kernels (FLASH_ATTN_BWD_WS_D256_MOD=0), bf16 8k;
+with FLASH_ATTN_AB_KERNELS=1 builds also the plain kernel's float4 dQ atomics (FLASH_ATTN_BWD_WS_DQ_V4=1).
 
     python scripts/bench_bwd_d256_mod.py
 """
@@ -17,13 +18,17 @@ from gpu_check_common import bench_backward_variants  # noqa: E402
 def main():
     import torch
 
+    import flash_attn._C as ext
+
     slopes = torch.rand(8, device="cuda", dtype=torch.float32) * 0.5
-    mod = {"FLASH_ATTN_BWD_WS_D256_MOD": "1"}
-    variants = [("plain", {}, {}), ("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]
+    sm80 = {"FLASH_ATTN_BWD_WS_D256_MOD": "0"}
+    variants = [("plain", {}, {})]
+    if ext.ab_kernels_built():
+        variants += [("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]
     for tag, kw in (("alibi", {"alibi_slopes": slopes}), ("softcap", {"softcap": 30.0}), ("det", {"deterministic": True}),
                     ("drop", {"dropout_p": 0.1})):
-        variants += [(f"{tag} sm80", kw, {}), (f"{tag} ws", kw, mod)]
-    variants += [("det ws s=1", {"deterministic": True}, dict(mod, FLASH_ATTN_BWD_WS_DET_SPLITS="1"))]
+        variants += [(f"{tag} sm80", kw, sm80), (f"{tag} ws", kw, {})]
+    variants += [("det ws s=2", {"deterministic": True}, {"FLASH_ATTN_BWD_WS_DET_SPLITS": "2"})]
     bench_backward_variants(variants, head_dims=(256,))
 
 

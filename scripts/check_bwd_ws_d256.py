@@ -29,7 +29,13 @@ from gpu_check_common import bench_backward_variants, check_main, custom_op_fwd_
 ENV_ON = {"FLASH_ATTN_BWD_WS_D256": "1"}  # the split-d WS kernel (S^T / dP^T in both warpgroups)
 ENV_EXCHANGE = {"FLASH_ATTN_BWD_WS_D256": "2"}  # its exchange form (S^T / dP^T split by queries)
 ENV_OFF = {"FLASH_ATTN_BWD_WS_D256": "0"}
-ENV_V4 = {"FLASH_ATTN_BWD_WS_DQ_V4": "1"}  # the exchange form with float4 dQ atomics (A/B)
+ENV_V4 = {"FLASH_ATTN_BWD_WS_DQ_V4": "1"}  # the exchange form with float4 dQ atomics (A/B-only kernel)
+
+
+def ab_built():
+    import flash_attn._C as ext
+
+    return ext.ab_kernels_built()
 
 # (dtype, d, b, sq, sk, h, hk, causal, window, varlen)
 CASES = [
@@ -70,7 +76,7 @@ def run_case(idx):
             raise
         ws = None
     ex = bwd(ENV_EXCHANGE)
-    v4 = bwd(ENV_V4)
+    v4 = bwd(ENV_V4) if ab_built() else ex  # float4 dQ atomics: A/B-only as well
     sm80 = bwd(ENV_OFF)
     if ws is None:
         ws = ex
@@ -88,7 +94,7 @@ def run_case(idx):
 
     from torch.profiler import ProfilerActivity, profile
 
-    for env in (ENV_EXCHANGE, ENV_V4):
+    for env in (ENV_EXCHANGE, ENV_V4) if ab_built() else (ENV_EXCHANGE,):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             bwd(env)
         names = [e.key for e in prof.key_averages()]
@@ -98,8 +104,10 @@ def run_case(idx):
 
 
 def bench():
-    bench_backward_variants([("SM80-class", {}, ENV_OFF), ("WS exchange", {}, ENV_EXCHANGE),
-                             ("WS exchange float4 dQ", {}, ENV_V4)], head_dims=(256,))
+    variants = [("SM80-class", {}, ENV_OFF), ("WS exchange", {}, ENV_EXCHANGE)]
+    if ab_built():
+        variants += [("WS exchange float4 dQ", {}, ENV_V4)]
+    bench_backward_variants(variants, head_dims=(256,))
 
 
 def main():

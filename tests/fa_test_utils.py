@@ -293,6 +293,14 @@ def require_gpu():
     return ext
 
 
+def require_ab_kernels():
+    """Skip unless the extension was built with FLASH_ATTN_AB_KERNELS=1 (the A/B-only kernels)."""
+    ext = require_gpu()
+    if not ext.ab_kernels_built():
+        pytest.skip("A/B-only kernel: this build left it out (rebuild with FLASH_ATTN_AB_KERNELS=1)")
+    return ext
+
+
 def require_config(dtype, headdim):
     """Skip unless the extension has kernels for (dtype, the tile of headdim)."""
     ext = require_gpu()

@@ -18,7 +18,7 @@ from flash_attn import (
 )
 from flash_attn.layers.rotary import apply_rotary_emb_torch
 
-from fa_test_utils import DTYPE_NAMES, dropout_keep_ref, max_err, require_config, require_gpu
+from fa_test_utils import DTYPE_NAMES, dropout_keep_ref, max_err, require_ab_kernels, require_config, require_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -784,13 +784,15 @@ def test_kvcache_sm90_decode_long_context(seqlen_cache, page, monkeypatch):
     _run_kvcache(sq=1, b=1, h=32, hk=8, seqlen_cache=seqlen_cache, page=page)
 
 
-# FLASH_ATTN_DECODE_PIPELINE=1 (A/B, read at each call): the wide d128 split-KV kernel issues the
+# FLASH_ATTN_DECODE_PIPELINE=1 (A/B-only kernel, FLASH_ATTN_AB_KERNELS=1 builds; read at each call;
+# session 12: 0.3-1.4% slower than the default): the wide d128 split-KV kernel issues the
 # next tile's S MMAs before the current tile's softmax. The split-KV cases against the reference,
 # and bitwise equality with the default on decode / short-prefill shapes (odd cache lengths,
 # causal, window, splits).
 @pytest.mark.parametrize("name, kw", [c for c in KV_CASES if not c[0].startswith("prefill")],
                          ids=[c[0] for c in KV_CASES if not c[0].startswith("prefill")])
 def test_kvcache_decode_pipeline(name, kw, monkeypatch):
+    require_ab_kernels()
     monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "1")
     _run_kvcache(**kw)
 
@@ -799,6 +801,7 @@ def test_kvcache_decode_pipeline(name, kw, monkeypatch):
 @pytest.mark.parametrize("sq, causal, window, num_splits", [(1, False, (-1, -1), 1), (1, False, (-1, -1), 0),
                                                             (3, True, (-1, -1), 1), (2, False, (100, 0), 3)])
 def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, monkeypatch):
+    require_ab_kernels()
     require_config(torch.bfloat16, 128)
     torch.manual_seed(sk + 7 * sq)
     q = torch.randn(2, sq, 32, 128, device="cuda", dtype=torch.bfloat16)

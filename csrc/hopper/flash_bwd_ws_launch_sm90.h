@@ -203,7 +203,7 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
 // exchange form (S^T / dP^T split by queries, P^T / dS^T through shared memory, 224 KB), 1 the
 // redundant one (both warpgroups compute the whole S^T / dP^T, 208 KB), 0 none (the SM80-class
 // kernel runs). kMod = false: plain calls; kMod = true (the exchange form only, params.
-// bwd_ws_d256_mod: FLASH_ATTN_BWD_WS_D256_MOD=1, off by default): dropout (with ALiBi or not, not
+// bwd_ws_d256_mod: on unless FLASH_ATTN_BWD_WS_D256_MOD=0): dropout (with ALiBi or not, not
 // deterministic; one P^T buffer and two 4 KB flag buffers), softcap and / or
 // ALiBi, or deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det;
 // the consumers add each dQ tile in the slice's order), no dropout. Returns false (nothing
@@ -244,11 +244,13 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
         }
     } else if (!kBuildAbKernels || params.bwd_ws_d256 == 2) {
-        if (params.bwd_ws_dq_v4) {  // A/B: float4 dQ atomics
-            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2,
-                                           /*kOrderedDq=*/false, /*kDqV4=*/true>;
-            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-            return true;
+        if constexpr (kBuildAbKernels) {
+            if (params.bwd_ws_dq_v4) {  // A/B only: float4 dQ atomics (session 12: 0.8% slower)
+                using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2,
+                                               /*kOrderedDq=*/false, /*kDqV4=*/true>;
+                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                return true;
+            }
         }
         using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
