@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(
     if (lane == 0) d_ptr[row] = dot;
 }
 
-template <typename Element>
+// kSwizzled: params.dq_accum_swizzled (its own kernel: the run-time form spilled at 32 registers).
+template <typename Element, bool kSwizzled = false>
 __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row = blockIdx.x * kRowsPerCta + warp;
@@ -100,8 +101,10 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
         for (int s = 0; s < splits; ++s) {
             if (!(holds >> s & 1u)) continue;
             const float *slice = acc_row + int64_t(s) * params.dq_accum_split_stride;
-            const float4 a = *reinterpret_cast<const float4 *>(slice + c);
-            const float4 b = *reinterpret_cast<const float4 *>(slice + c + 4);
+            // (kSwizzled: float c of the row at c ^ (8 (row % 4)); c is a multiple of 8.)
+            const int swz = kSwizzled ? (row & 3) << 3 : 0;
+            const float4 a = *reinterpret_cast<const float4 *>(slice + (c ^ swz));
+            const float4 b = *reinterpret_cast<const float4 *>(slice + ((c + 4) ^ swz));
             vals[0] += a.x, vals[1] += a.y, vals[2] += a.z, vals[3] += a.w;
             vals[4] += b.x, vals[5] += b.y, vals[6] += b.z, vals[7] += b.w;
         }
@@ -577,7 +580,11 @@ void launch_bwd_passes(BwdParams &params, cudaStream_t stream, LaunchMain &&laun
     flash_bwd_preprocess_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
     FLASH_CHECK_LAUNCH();
     launch_main();
-    flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    if (params.dq_accum_swizzled) {
+        flash_bwd_convert_dq_kernel<Element, true><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    } else {
+        flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+    }
     FLASH_CHECK_LAUNCH();
 }
 

@@ -27,6 +27,8 @@
 #                                          # / dropout times, dropout and det checks; decode pipeline A/B
 #   PART=Z2 bash scripts/validate_h200.sh  # on that build, FLASH_ATTN_BWD_WS_D256_MOD=1: suite; d256
 #                                          # feature costs; d256 WS check incl. float4 dQ (DQ_V4) + times
+#   PART=S bash scripts/validate_h200.sh   # d256 build; the WS deterministic kernel's bulk-reduce dQ:
+#                                          # times, check, suite
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -122,6 +124,14 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=14 step features 30 $PY benchmarks/benchmark_attn.py --features --headdims 256 --out /tmp/feat
     TAIL=20 step check_bwd_ws_d256 150 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_d256.py --timeout 60 ;;
+  S)
+    # Session 12: the d256 WS deterministic kernel with dQ through the Q / dO stage and the
+    # writer warp's ordered bulk reduces (branch ws-d256-det-bulk). Head dim 256 only.
+    export FLASH_ATTN_HEAD_DIMS=256
+    build
+    TAIL=14 step bench_bwd_d256_mod 45 $PY scripts/bench_bwd_d256_mod.py
+    TAIL=24 step check_bwd_ws_det 200 $PY scripts/check_bwd_ws_det.py --timeout 40 --no-bench
+    TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),

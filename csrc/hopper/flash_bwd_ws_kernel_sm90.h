@@ -276,6 +276,59 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
     }
 }
 
+// ---- split-d deterministic dQ writer (kOrderedDq): warp 1 of the producer warpgroup ------------
+// Head dim 256 has no room for a dQ buffer (two stages of Q / dO, K, V, P^T / dS^T: 224 KB), and
+// ordered fp32 atomics from registers cost 1.5x (session 12: publishing them needs a gpu-scope
+// fence, which makes ptxas emit every atomic as ATOMG, and the consumers waited for it). So in
+// this mode a query block's Q / dO stage, once every GEMM that reads it has completed, holds its
+// fp32 dQ tile (rows 0-31 over Q, 32-63 over dO, 32 KB each, 8-float groups XOR-swizzled by row
+// % 4 so that the consumers' stores are conflict-free; the conversion undoes it:
+// BwdParams::dq_accum_swizzled), and this warp, in the slice's order (BwdWsDqOrder, as
+// bwd_ws_write_dq), adds it into dq_accum with two bulk reduces, hands the stage back to the
+// producer once they have read it (the consumers no longer release it), and publishes the adds.
+// After the last block it tells the consumers that Q / dO are free for the dK / dV staging.
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params, typename Traits::SharedStorage &ss,
+                                                        BlockInfo const &binfo, int n_block, int bidb, int bidh,
+                                                        int m_block_min, int m_block_max) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kHalfFloats = kBlockM / 2 * kHeadDim;  // one Q (or dO) stage: 32 rows of fp32 dQ
+    static_assert(kHalfFloats * sizeof(float) == kBlockM * kHeadDim * sizeof(typename Traits::Element),
+                  "half a dQ tile in fp32 fills one Q / dO stage");
+    int64_t slice_offset = 0;
+    const BwdWsDqOrder order = bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset);
+    float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
+    const bool leader = cute::elect_one_sync();
+#pragma unroll 1
+    for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
+        const int stage = (m_block - m_block_min) % Traits::kStages;  // the consumers' pipeline stage
+        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + stage);
+        if (leader) {
+            const int turn = order.template rank<kBlockM, Traits::kBlockN>(m_block);
+            while (ld_acquire_gpu(order.counters + m_block) != turn) { __nanosleep(32); }
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            float *dst = dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim;
+            Sm90BulkReduceAddF32::copy(reinterpret_cast<float const *>(ss.smem_q.data()) + stage * kHalfFloats, dst,
+                                       kHalfFloats * sizeof(float));
+            Sm90BulkReduceAddF32::copy(reinterpret_cast<float const *>(ss.smem_do.data()) + stage * kHalfFloats,
+                                       dst + kHalfFloats, kHalfFloats * sizeof(float));
+            cute::tma_store_arrive();
+            cute::tma_store_wait<0>();  // the stage has been read: the producer may refill it
+            uint64_t *empty = reinterpret_cast<uint64_t *>(&ss.pipeline.empty_barrier_[stage]);
+            asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.release.cta.shared::cta.b64 st, [%0], %1;\n}\n"
+                         :
+                         : "r"(cute::cast_smem_ptr_to_uint(empty)), "r"(Traits::kNConsumerThreads)
+                         : "memory");
+            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the adds completed
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(order.counters + m_block) : "memory");
+        }
+        __syncwarp();
+    }
+    cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0));
+}
+
 // ---- consumers: both warpgroups, tidx = thread index among the 256 consumer threads -------------
 template <typename Traits>
 __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename Traits::SharedStorage &ss,
@@ -379,13 +432,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const int dsum_shift = bwd_ws_dsum_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
 
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
-    // The split-d kMod kernel's deterministic mode: its atomics go into this key block's slice, in
-    // the slice's order (the kDqTma kernels' writer warp does this for them).
-    constexpr bool kOrderedAtomics = Traits::kOrderedDq;  // launched for deterministic calls only
-    int64_t slice_offset = 0;
-    const BwdWsDqOrder dq_order =
-        kOrderedAtomics ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
-    float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row * kHeadDim;
+    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;  // (not kOrderedDq: its writer's)
 
     // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
     {
@@ -499,21 +546,6 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(dq_block * kBlockM) * kHeadDim),
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-            if constexpr (kOrderedAtomics) {
-                // Deterministic: wait for this slice's earlier key blocks to have added the tile
-                // (one thread polls, the barrier passes its acquire on), as the writer warp does;
-                // add; then CUTLASS's release pattern (cutlass/barrier.h, arrive_inc): a barrier,
-                // then one thread's acq_rel fence (it releases what the other threads did before
-                // the barrier) and relaxed increment, rather than a sequentially consistent
-                // __threadfence in every thread. A fence after the adds makes ptxas emit every
-                // float2 atomic of the function as ATOMG (it waits for their results) instead of
-                // REDG, hence the separate kernel (kOrderedDq).
-                if (tidx == 0) {
-                    const int turn = dq_order.template rank<kBlockM, kBlockN>(dq_block);
-                    while (ld_acquire_gpu(dq_order.counters + dq_block) != turn) { __nanosleep(64); }
-                }
-                bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
-            }
             if constexpr (Traits::kDqV4) {
                 // Elements 4 j + {0, 1} are (row r, columns c, c + 1), 4 j + {2, 3} (row r + 8,
                 // same columns), c = 8 j + 2 (lane % 4) (the wgmma accumulator layout). Lanes 2 k
@@ -536,14 +568,6 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                 CUTE_UNROLL
                 for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
                     atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
-                }
-            }
-            if constexpr (kOrderedAtomics) {
-                bwd_ws_consumer_sync(BwdWsBarrier::kdQOrder);
-                if (tidx == 0) {
-                    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-                    asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;\n" ::"l"(dq_order.counters + dq_block)
-                                 : "memory");
                 }
             }
         }
@@ -706,6 +730,33 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
+        if constexpr (Traits::kOrderedDq) {
+            // Deterministic split-d: the dQ tile goes into this block's Q / dO stage once both
+            // warpgroups' GEMMs have read it; the writer warp adds it in order and releases the
+            // stage (bwd_ws_write_dq_split_d).
+            bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
+            const int stage = state.index();
+            float *half0 = reinterpret_cast<float *>(ss.smem_q.data()) + stage * (kBlockM / 2 * kHeadDim);
+            float *half1 = reinterpret_cast<float *>(ss.smem_do.data()) + stage * (kBlockM / 2 * kHeadDim);
+            // A thread's rows are r0 and r0 + 8 (wgmma accumulators: warp w of a warpgroup holds
+            // rows 16 w .. 16 w + 15), so one half and one swizzle: the 8-float groups of a row
+            // are XOR-permuted by (row % 4) (float index c -> c ^ (8 (row % 4))), which spreads a
+            // warp's 8 rows x 8 floats over all 32 banks twice (2 wavefronts, the minimum).
+            Tensor coords_dq = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+            const int r0 = get<0>(coords_dq(0));
+            const int swz = (r0 & 3) << 3;
+            float *row_base = (r0 < kBlockM / 2 ? half0 : half1) + (r0 % (kBlockM / 2)) * kHeadDim;
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
+                const int dr = get<0>(coords_dq(i)) - r0, c = get<1>(coords_dq(i));
+                *reinterpret_cast<float2 *>(row_base + dr * kHeadDim + (c ^ swz)) = make_float2(acc_dq(i), acc_dq(i + 1));
+            }
+            cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copies read
+            cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
+                                                static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + stage);
+            ++state;
+            continue;
+        }
         // Every GEMM of this block has completed: Q, dO, LSE and softmax_d of the stage are free
         // for the producer's next load while the atomics below run.
         pipeline.consumer_release(state);
@@ -723,6 +774,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
     }
     if constexpr (Traits::kOverlap) { write_out_dq(acc_dq_carried, m_block_max - 1); }
+    if constexpr (Traits::kOrderedDq) {  // the writer has read the last dQ tile out of Q / dO
+        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0));
+    }
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
@@ -785,6 +839,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             } else if (warp_idx == 1 && m_block_max > m_block_min) {
                 bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
+            }
+        } else if constexpr (Traits::kOrderedDq) {
+            // Warp 1 is the split-d dQ writer (warp-uniform branch first, as above).
+            const int warp_idx = cutlass::canonical_warp_idx_sync();
+            if (warp_idx == 0) {
+                if (threadIdx.x == 0 && m_block_max > m_block_min) {
+                    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+                    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+                    cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
+                    cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
+                    bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
+                }
+            } else if (warp_idx == 1 && m_block_max > m_block_min) {
+                bwd_ws_write_dq_split_d<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
             }
         } else if (threadIdx.x == 0 && m_block_max > m_block_min) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());

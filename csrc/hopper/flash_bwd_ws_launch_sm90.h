@@ -75,6 +75,7 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
         auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         params.dq_slice_block_m = Traits::kBlockM, params.dq_slice_block_n = Traits::kBlockN;  // the conversion's view
+        params.dq_accum_swizzled = Traits::kOrderedDq;
         const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
         kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
         FLASH_CHECK_LAUNCH();

@@ -32,6 +32,8 @@ enum class BwdWsBarrier : uint32_t {
     kConsumers = 0,  // K / V landed; dK / dV staging (epilogue)
     kdS = 1,         // both warpgroups' dS^T of this query block are in shared memory
     // dQ through shared memory (kDqTma): over the 256 consumer threads + the dQ writer warp.
+    // (kOrderedDq, split-d: the same ids, buffer = pipeline stage; kdQEmpty0 once, after the
+    // last block: Q / dO are free for the dK / dV staging.)
     kdQFull0 = 2,   // dQ buffer 0 (1: kdQFull0 + 1) written by the consumers, the writer may read it
     kdQEmpty0 = 4,  // the writer's bulk reduce has finished reading dQ buffer 0 (1: kdQEmpty0 + 1)
     // The split-d kMod kernel's deterministic dQ (consumers' ordered atomics): this CTA's turn
@@ -54,10 +56,11 @@ enum class BwdWsBarrier : uint32_t {
 // atomics (two fp32 dQ tiles of 64 KB would not fit next to the Q / dO ring). Plain calls, and
 // (kMod, the exchange form only) softcap / ALiBi / the deterministic dQ, whose atomics the
 // consumers then add in each slice's order (BwdWsDqOrder).
-// kOrderedDq (split-d kMod only): the deterministic calls' kernel, whose consumers add each dQ
-// tile in its slice's order (BwdWsDqOrder). Its own kernel: the fence that publishes the adds
-// makes ptxas turn every float2 atomic of the function into ATOMG (which waits for its result)
-// instead of REDG, which the non-deterministic calls should not pay for.
+// kOrderedDq (split-d kMod only): the deterministic calls' kernel. Its dQ tiles leave through
+// the block's own Q / dO stage (no room for a dQ buffer at d256) and warp 1 of the producer
+// warpgroup's bulk reduces, in the slice's order (BwdWsDqOrder; bwd_ws_write_dq_split_d), which
+// also hands each stage back to the producer. (Ordered fp32 atomics need a gpu-scope fence to
+// publish them, which makes ptxas emit them as ATOMG: 1.5x the plain backward, session 12.)
 // kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
 // atomic instructions of float2).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
@@ -91,7 +94,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     static constexpr bool kOrderedDq = kOrderedDq_;
     static constexpr bool kDqV4 = kDqV4_;
     static_assert(!kDqV4 || (kSplitD && !kOrderedDq), "float4 dQ atomics: the split-d kernel's unordered atomics");
-    static_assert(!kOrderedDq || (kSplitD && kMod), "ordered dQ atomics: the split-d kMod kernel");
+    static_assert(!kOrderedDq || (kSplitD && kMod && kStages == 2 && !kDropout), "ordered dQ: the split-d kMod kernel");
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
