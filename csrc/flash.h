@@ -226,6 +226,9 @@ struct BwdParams : FwdParams {
     // The d256 split-d plain kernel's dQ as 16-byte atomics (A/B, FLASH_ATTN_BWD_WS_DQ_V4=1): lane
     // pairs swap half their fragments so that each lane holds 4 adjacent columns of one row.
     bool bwd_ws_dq_v4;
+    // The d256 split-d plain kernel with float2 dQ atomics instead of dQ through the Q / dO stage
+    // (A/B, FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC=1; FLASH_ATTN_AB_KERNELS=1 builds).
+    bool bwd_ws_d256_dq_atomic;
     // dq_accum's 8-float groups are XOR-swizzled by row % 4 within each row (float c of row r at
     // c ^ (8 (r % 4))): set by the launcher of the d256 WS deterministic kernel, whose dQ tiles are
     // bulk-copied from a conflict-free shared-memory layout; the conversion undoes it.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Times the head-dim 256 feature backwards (ALiBi, softcap, deterministic, dropout) on the split-d WS kernel's
 kMod variant (the default since session 12) and on the SM80-class kernels (FLASH_ATTN_BWD_WS_D256_MOD=0), bf16 8k;
-with FLASH_ATTN_AB_KERNELS=1 builds also the plain kernel's float4 dQ atomics (FLASH_ATTN_BWD_WS_DQ_V4=1).
+with FLASH_ATTN_AB_KERNELS=1 builds also the plain kernel with float2 / float4 dQ atomics (FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC=1 /
+FLASH_ATTN_BWD_WS_DQ_V4=1) instead of dQ through the Q / dO stage (the default since session 12).
 
     python scripts/bench_bwd_d256_mod.py
 """
@@ -24,7 +25,8 @@ def main():
     sm80 = {"FLASH_ATTN_BWD_WS_D256_MOD": "0"}
     variants = [("plain", {}, {})]
     if ext.ab_kernels_built():
-        variants += [("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]
+        variants += [("plain dq-atomic", {}, {"FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC": "1"}),
+                     ("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]
     for tag, kw in (("alibi", {"alibi_slopes": slopes}), ("softcap", {"softcap": 30.0}), ("det", {"deterministic": True}),
                     ("drop", {"dropout_p": 0.1})):
         variants += [(f"{tag} sm80", kw, sm80), (f"{tag} ws", kw, {})]

@@ -29,6 +29,8 @@
 #                                          # feature costs; d256 WS check incl. float4 dQ (DQ_V4) + times
 #   PART=S bash scripts/validate_h200.sh   # d256 build; the WS deterministic kernel's bulk-reduce dQ:
 #                                          # times, check, suite
+#   PART=S2 bash scripts/validate_h200.sh  # d256 build: every non-dropout d256 WS backward with dQ
+#                                          # through the Q / dO stage: times, suite, check
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -132,6 +134,13 @@ case ${PART:-A} in
     TAIL=14 step bench_bwd_d256_mod 45 $PY scripts/bench_bwd_d256_mod.py
     TAIL=24 step check_bwd_ws_det 200 $PY scripts/check_bwd_ws_det.py --timeout 40 --no-bench
     TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
+  S2)
+    # Session 12: every d256 WS backward but dropout with dQ through the Q / dO stage (kDqStage).
+    export FLASH_ATTN_HEAD_DIMS=256
+    build
+    TAIL=14 step bench_bwd_d256_mod 30 $PY scripts/bench_bwd_d256_mod.py
+    TAIL=3 step test 120 $PY -m pytest tests -q -x
+    TAIL=20 step check_bwd_ws_d256 100 $PY scripts/check_bwd_ws_d256.py --timeout 30 --no-bench ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),

@@ -276,17 +276,16 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
     }
 }
 
-// ---- split-d deterministic dQ writer (kOrderedDq): warp 1 of the producer warpgroup ------------
-// Head dim 256 has no room for a dQ buffer (two stages of Q / dO, K, V, P^T / dS^T: 224 KB), and
-// ordered fp32 atomics from registers cost 1.5x (session 12: publishing them needs a gpu-scope
-// fence, which makes ptxas emit every atomic as ATOMG, and the consumers waited for it). So in
-// this mode a query block's Q / dO stage, once every GEMM that reads it has completed, holds its
-// fp32 dQ tile (rows 0-31 over Q, 32-63 over dO, 32 KB each, 8-float groups XOR-swizzled by row
-// % 4 so that the consumers' stores are conflict-free; the conversion undoes it:
-// BwdParams::dq_accum_swizzled), and this warp, in the slice's order (BwdWsDqOrder, as
-// bwd_ws_write_dq), adds it into dq_accum with two bulk reduces, hands the stage back to the
-// producer once they have read it (the consumers no longer release it), and publishes the adds.
-// After the last block it tells the consumers that Q / dO are free for the dK / dV staging.
+// ---- split-d dQ writer (kDqStage): warp 1 of the producer warpgroup ----------------------------
+// Head dim 256 has no room for a dQ buffer (two stages of Q / dO, K, V, P^T / dS^T: 224 KB). So a
+// query block's Q / dO stage, once every GEMM that reads it has completed, holds its fp32 dQ tile
+// (rows 0-31 over Q, 32-63 over dO, 32 KB each, 8-float groups XOR-swizzled by row % 4 so that
+// the consumers' stores are conflict-free; the conversion undoes it:
+// BwdParams::dq_accum_swizzled), and this warp adds it into dq_accum with two bulk reduces and
+// hands the stage back to the producer once they have read it (the consumers do not release it).
+// Deterministic calls: in the slice's order (BwdWsDqOrder, as bwd_ws_write_dq), each block's
+// adds completed and published before the next CTA's. After the last block it tells the
+// consumers that Q / dO are free for the dK / dV staging.
 template <typename Traits>
 __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params, typename Traits::SharedStorage &ss,
                                                         BlockInfo const &binfo, int n_block, int bidb, int bidh,
@@ -296,8 +295,9 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
     constexpr int kHalfFloats = kBlockM / 2 * kHeadDim;  // one Q (or dO) stage: 32 rows of fp32 dQ
     static_assert(kHalfFloats * sizeof(float) == kBlockM * kHeadDim * sizeof(typename Traits::Element),
                   "half a dQ tile in fp32 fills one Q / dO stage");
+    const bool det = params.deterministic;  // only with bwd_ws_det (the launcher checks it)
     int64_t slice_offset = 0;
-    const BwdWsDqOrder order = bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset);
+    const BwdWsDqOrder order = det ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
     float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
     const bool leader = cute::elect_one_sync();
 #pragma unroll 1
@@ -305,9 +305,11 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
         const int stage = (m_block - m_block_min) % Traits::kStages;  // the consumers' pipeline stage
         cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + stage);
         if (leader) {
-            const int turn = order.template rank<kBlockM, Traits::kBlockN>(m_block);
-            while (ld_acquire_gpu(order.counters + m_block) != turn) { __nanosleep(32); }
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            if (det) {
+                const int turn = order.template rank<kBlockM, Traits::kBlockN>(m_block);
+                while (ld_acquire_gpu(order.counters + m_block) != turn) { __nanosleep(32); }
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            }
             float *dst = dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim;
             Sm90BulkReduceAddF32::copy(reinterpret_cast<float const *>(ss.smem_q.data()) + stage * kHalfFloats, dst,
                                        kHalfFloats * sizeof(float));
@@ -320,9 +322,11 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
                          :
                          : "r"(cute::cast_smem_ptr_to_uint(empty)), "r"(Traits::kNConsumerThreads)
                          : "memory");
-            asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the adds completed
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(order.counters + m_block) : "memory");
+            if (det) {
+                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the adds completed
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(order.counters + m_block) : "memory");
+            }
         }
         __syncwarp();
     }
@@ -432,7 +436,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const int dsum_shift = bwd_ws_dsum_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
 
     const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
-    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;  // (not kOrderedDq: its writer's)
+    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;  // (atomics; kDqStage: the writer's)
 
     // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
     {
@@ -730,9 +734,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
-        if constexpr (Traits::kOrderedDq) {
-            // Deterministic split-d: the dQ tile goes into this block's Q / dO stage once both
-            // warpgroups' GEMMs have read it; the writer warp adds it in order and releases the
+        if constexpr (Traits::kDqStage) {
+            // The dQ tile goes into this block's Q / dO stage once both warpgroups' GEMMs have
+            // read it; the writer warp adds it (in order, if deterministic) and releases the
             // stage (bwd_ws_write_dq_split_d).
             bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
             const int stage = state.index();
@@ -774,7 +778,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
     }
     if constexpr (Traits::kOverlap) { write_out_dq(acc_dq_carried, m_block_max - 1); }
-    if constexpr (Traits::kOrderedDq) {  // the writer has read the last dQ tile out of Q / dO
+    if constexpr (Traits::kDqStage) {  // the writer has read the last dQ tile out of Q / dO
         cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0));
     }
 
@@ -840,7 +844,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             } else if (warp_idx == 1 && m_block_max > m_block_min) {
                 bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
             }
-        } else if constexpr (Traits::kOrderedDq) {
+        } else if constexpr (Traits::kDqStage) {
             // Warp 1 is the split-d dQ writer (warp-uniform branch first, as above).
             const int warp_idx = cutlass::canonical_warp_idx_sync();
             if (warp_idx == 0) {

@@ -75,7 +75,7 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
         auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         params.dq_slice_block_m = Traits::kBlockM, params.dq_slice_block_n = Traits::kBlockN;  // the conversion's view
-        params.dq_accum_swizzled = Traits::kOrderedDq;
+        params.dq_accum_swizzled = Traits::kDqStage;
         const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
         kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
         FLASH_CHECK_LAUNCH();
@@ -236,24 +236,26 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
             using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
                                            /*kSplitD=*/2>;
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-        } else if (params.deterministic) {
+        } else {  // softcap / ALiBi / deterministic: dQ through the Q / dO stage
             using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
-                                           /*kOrderedDq=*/true>;
-            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-        } else {
-            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2>;
+                                           /*kDqStage=*/true>;
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
         }
     } else if (!kBuildAbKernels || params.bwd_ws_d256 == 2) {
         if constexpr (kBuildAbKernels) {
-            if (params.bwd_ws_dq_v4) {  // A/B only: float4 dQ atomics (session 12: 0.8% slower)
+            if (params.bwd_ws_dq_v4) {  // A/B only: float4 dQ atomics (session 12: 0.8% slower than float2)
                 using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2,
-                                               /*kOrderedDq=*/false, /*kDqV4=*/true>;
+                                               /*kDqStage=*/false, /*kDqV4=*/true>;
+                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                return true;
+            }
+            if (params.bwd_ws_d256_dq_atomic) {  // A/B only: float2 dQ atomics (the session-11 kernel)
+                using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
                 bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
                 return true;
             }
         }
-        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2, /*kDqStage=*/true>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else if constexpr (kBuildAbKernels) {  // the redundant form (FLASH_ATTN_BWD_WS_D256=1), A/B only
         using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/1>;

@@ -32,7 +32,7 @@ enum class BwdWsBarrier : uint32_t {
     kConsumers = 0,  // K / V landed; dK / dV staging (epilogue)
     kdS = 1,         // both warpgroups' dS^T of this query block are in shared memory
     // dQ through shared memory (kDqTma): over the 256 consumer threads + the dQ writer warp.
-    // (kOrderedDq, split-d: the same ids, buffer = pipeline stage; kdQEmpty0 once, after the
+    // (kDqStage, split-d: the same ids, buffer = pipeline stage; kdQEmpty0 once, after the
     // last block: Q / dO are free for the dK / dV staging.)
     kdQFull0 = 2,   // dQ buffer 0 (1: kdQFull0 + 1) written by the consumers, the writer may read it
     kdQEmpty0 = 4,  // the writer's bulk reduce has finished reading dQ buffer 0 (1: kdQEmpty0 + 1)
@@ -56,15 +56,16 @@ enum class BwdWsBarrier : uint32_t {
 // atomics (two fp32 dQ tiles of 64 KB would not fit next to the Q / dO ring). Plain calls, and
 // (kMod, the exchange form only) softcap / ALiBi / the deterministic dQ, whose atomics the
 // consumers then add in each slice's order (BwdWsDqOrder).
-// kOrderedDq (split-d kMod only): the deterministic calls' kernel. Its dQ tiles leave through
-// the block's own Q / dO stage (no room for a dQ buffer at d256) and warp 1 of the producer
-// warpgroup's bulk reduces, in the slice's order (BwdWsDqOrder; bwd_ws_write_dq_split_d), which
-// also hands each stage back to the producer. (Ordered fp32 atomics need a gpu-scope fence to
-// publish them, which makes ptxas emit them as ATOMG: 1.5x the plain backward, session 12.)
+// kDqStage (split-d exchange form, no dropout): dQ tiles leave through the query block's own Q /
+// dO stage (no room for a dQ buffer at d256) and bulk reduces by warp 1 of the producer warpgroup
+// (bwd_ws_write_dq_split_d), which also hands each stage back to the producer; in the slice's
+// order for deterministic calls (BwdWsDqOrder). Session 12, bf16 8k bwd: the deterministic calls
+// 14.4 -> 7.7 ms (ordered fp32 atomics need a gpu-scope fence to publish them, which makes ptxas
+// emit them as ATOMG), below the atomics kernel's plain 9.6 ms, hence every such call's kernel.
 // kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
 // atomic instructions of float2).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
-          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kOrderedDq_ = false,
+          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kDqStage_ = false,
           bool kDqV4_ = false>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
                                             BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_>> {
@@ -91,10 +92,10 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     static_assert(!kSplitD || (!kDqTma && !kOverlap && (!kMod || kSplitDExchange) && (!kDropout || kSplitDExchange)),
                   "the split-d kernel serves plain calls, and score modifiers / deterministic / dropout in its "
                   "exchange form");
-    static constexpr bool kOrderedDq = kOrderedDq_;
+    static constexpr bool kDqStage = kDqStage_;
     static constexpr bool kDqV4 = kDqV4_;
-    static_assert(!kDqV4 || (kSplitD && !kOrderedDq), "float4 dQ atomics: the split-d kernel's unordered atomics");
-    static_assert(!kOrderedDq || (kSplitD && kMod && kStages == 2 && !kDropout), "ordered dQ: the split-d kMod kernel");
+    static_assert(!kDqV4 || (kSplitD && !kDqStage), "float4 dQ atomics: the split-d kernel's atomics");
+    static_assert(!kDqStage || (kSplitDExchange && kStages == 2 && !kDropout), "dQ through the Q / dO stage: split-d");
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
