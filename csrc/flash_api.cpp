@@ -168,8 +168,9 @@ void require_ab_kernels(bool ok, const std::string &setting) {
 bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
 
 // FLASH_ATTN_BWD_WS_D256: the head-dim 256 plain backward (BwdParams::bwd_ws_d256), read at each
-// call. 2 (unset: the warp-specialised split-d backward in its exchange form: 288 TFLOP/s at bf16 8k
-// on the H200, session 11, against 208 for the SM80-class kernel and 261 for FA2), 1 (the
+// call. 2 (unset: the warp-specialised split-d backward in its exchange form, dQ through the Q / dO
+// stage: 423 TFLOP/s at bf16 8k on the H200, session 12, against 288 with dQ atomics (session 11),
+// 208 for the SM80-class kernel, 261 for FA2 and 359 for cuDNN), 1 (the
 // redundant form, 245 TFLOP/s; FLASH_ATTN_AB_KERNELS=1 builds only) or 0 (the SM80-class kernel).
 int bwd_ws_d256_mode() {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_D256");
@@ -184,8 +185,9 @@ int bwd_ws_d256_mode() {
 // FLASH_ATTN_BWD_WS_D256_MOD (default on; =0 selects the SM80-class kernels): head dim 256 softcap /
 // ALiBi / dropout / deterministic calls on the split-d kernel's kMod variant
 // (BwdParams::bwd_ws_d256_mod), read at each call. H200 bf16 8k backward (session 12,
-// docs/results/s12/z_bench_bwd_d256_mod.log), SM80-class -> kMod, plain 9.56 ms: ALiBi 13.74 ->
-// 9.57, softcap 14.06 -> 10.69, dropout 0.1 15.24 -> 10.84, deterministic 15.55 -> 14.39.
+// docs/results/s12/s2_bench_bwd_d256_mod.log), SM80-class -> kMod (dQ through the Q / dO stage
+// except dropout): ALiBi 13.86 -> 6.06 ms, softcap 14.19 -> 7.40, dropout 0.1 15.43 -> 10.84
+// (atomics), deterministic 15.71 -> 7.72; plain 6.50.
 bool bwd_ws_d256_mod_enabled() { return env_switch("FLASH_ATTN_BWD_WS_D256_MOD", true); }
 
 // The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
@@ -397,8 +399,8 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // hopper/flash_bwd_ws_launch_sm90.h, applies the same conditions, plus stride / alignment checks
 // under which it declines and the lock-step kernel's sliced mode runs instead): the WS kernel with
 // the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8; at head
-// dim 256 the split-d kernel's exchange form unless FLASH_ATTN_BWD_WS_D256_MOD=0,
-// whose consumers order their dQ atomics. FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
+// dim 256 the split-d kernel's exchange form unless FLASH_ATTN_BWD_WS_D256_MOD=0, whose writer warp
+// adds the dQ tiles in order from the Q / dO stage (kDqStage). FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
 // deterministic calls on the lock-step (d256: SM80-class) kernel.
 bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 #ifdef FLASH_ATTN_SM90A
@@ -420,9 +422,10 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // d64 1.05 / 1.05 / 1.07 / 1.10, causal 1.05 / 1.06 / 1.09 / 1.15; d128 1.08 / 1.05 / 1.06 / 1.14,
 // causal 1.02 / 1.05 / 1.22 / 1.34. Causal and other bounded-right windows (descending order: a key
 // block's first query block waits for nobody) take 1, the rest 2. Head dim 256 (the split-d kMod
-// kernel, consumer atomics in order): 1; its first H200 run (session 11, with every atomic an
-// ATOMG) measured 1 / 2 / 4 / 8 slices at 14.9 / 16.4 / 17.3 / 18.3 ms, causal 8.4 / 9.2 / 13.5 /
-// 15.0 ms (docs/results/s11/h_check_bwd_ws_det.log). FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at
+// kernel, kDqStage: the writer warp's ordered bulk reduces): 1; session 12, bf16 8k, 1 / 2 slices:
+// 7.72 / 7.69 ms, causal 4.13 / 4.31 ms (default 6.50 / 3.28; docs/results/s12/s2_bench_bwd_d256_mod.log).
+// (Session 11's consumer-ordered atomics, all ATOMG: 14.9 / 16.4 / 17.3 / 18.3 ms for 1 / 2 / 4 / 8.)
+// FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at
 // each call) overrides it, for measurement.
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_SPLITS");
