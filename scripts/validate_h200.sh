@@ -31,6 +31,8 @@
 #                                          # times, check, suite
 #   PART=S2 bash scripts/validate_h200.sh  # d256 build: every non-dropout d256 WS backward with dQ
 #                                          # through the Q / dO stage: times, suite, check
+#   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
+#   PART=C2 bash scripts/validate_h200.sh  # d256 bwd times, dropout / d256 checks; grid
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
 # Logs go to $OUT. Every step runs under `timeout`, capped by a whole-call deadline (DEADLINE
@@ -141,6 +143,19 @@ case ${PART:-A} in
     TAIL=14 step bench_bwd_d256_mod 30 $PY scripts/bench_bwd_d256_mod.py
     TAIL=3 step test 120 $PY -m pytest tests -q -x
     TAIL=20 step check_bwd_ws_d256 100 $PY scripts/check_bwd_ws_d256.py --timeout 30 --no-bench ;;
+  G2)
+    # Session 13, first call (branch with ws-d256-drop-stage): full build; the suite; feature costs.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
+  C2)
+    # Session 13, second call: the d256 backward checks and times on that build, then PART=C.
+    built || build
+    TAIL=14 step bench_bwd_d256_mod 30 $PY scripts/bench_bwd_d256_mod.py
+    TAIL=14 step check_bwd_ws_dropout 140 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_dropout.py --timeout 40 \
+      --no-bench
+    TAIL=16 step check_bwd_ws_d256 120 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_d256.py --timeout 40 --no-bench
+    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),
