@@ -234,7 +234,7 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
     if constexpr (kMod) {
         if (params.p_dropout > 0.f) {
             using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
-                                           /*kSplitD=*/2>;
+                                           /*kSplitD=*/2, /*kDqStage=*/true>;
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
         } else {  // softcap / ALiBi / deterministic: dQ through the Q / dO stage
             using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,

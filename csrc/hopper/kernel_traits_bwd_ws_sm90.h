@@ -56,7 +56,7 @@ enum class BwdWsBarrier : uint32_t {
 // atomics (two fp32 dQ tiles of 64 KB would not fit next to the Q / dO ring). Plain calls, and
 // (kMod, the exchange form only) softcap / ALiBi / the deterministic dQ, whose atomics the
 // consumers then add in each slice's order (BwdWsDqOrder).
-// kDqStage (split-d exchange form, no dropout): dQ tiles leave through the query block's own Q /
+// kDqStage (split-d exchange form): dQ tiles leave through the query block's own Q /
 // dO stage (no room for a dQ buffer at d256) and bulk reduces by warp 1 of the producer warpgroup
 // (bwd_ws_write_dq_split_d), which also hands each stage back to the producer; in the slice's
 // order for deterministic calls (BwdWsDqOrder). Session 12, bf16 8k bwd: the deterministic calls
@@ -95,7 +95,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     static constexpr bool kDqStage = kDqStage_;
     static constexpr bool kDqV4 = kDqV4_;
     static_assert(!kDqV4 || (kSplitD && !kDqStage), "float4 dQ atomics: the split-d kernel's atomics");
-    static_assert(!kDqStage || (kSplitDExchange && kStages == 2 && !kDropout), "dQ through the Q / dO stage: split-d");
+    static_assert(!kDqStage || (kSplitDExchange && kStages == 2), "dQ through the Q / dO stage: split-d");
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
