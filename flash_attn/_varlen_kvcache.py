@@ -28,6 +28,7 @@ from flash_attn.flash_attn_interface import (
     _ext_for,
     _fmt_shape,
     _HAS_CUSTOM_OP,
+    _is_compiling,
     _MAX_HEADDIM,
     _pad_to_multiple_of_8,
     _SUPPORTED_DTYPES,
@@ -833,11 +834,6 @@ if _HAS_CUSTOM_OP:
     _wrapped_flash_attn_kvcache = torch.ops.flash_attn._flash_attn_kvcache
 else:
     _wrapped_flash_attn_kvcache = _flash_attn_kvcache
-
-
-def _is_compiling():
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
 
 
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,

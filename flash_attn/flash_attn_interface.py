@@ -14,6 +14,7 @@ ALiBi and the deterministic backward (all computed in the kernels).
 """
 
 import importlib
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -378,6 +379,25 @@ def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     return 128 if head_dim <= 64 else 64
 
 
+def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
+                             window_size_right, softcap, alibi_slopes, return_softmax):
+    """The forward op's implementation (eager CUDA calls of the autograd Functions call it
+    directly; see _attention_forward)."""
+    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, False, q.shape[1], k.shape[1])
+    is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
+                                        k.shape[1], alibi_slopes is not None)
+    _check_return_softmax(return_softmax, dropout_p)
+    _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
+    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout.
+    out, softmax_lse, S_dmask, rng_state = _ext_for(q).fwd(
+        q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
+        return_softmax
+    )
+    return out, softmax_lse, S_dmask, rng_state
+
+
 @_torch_custom_op_wrapper("flash_attn::_flash_attn_forward", mutates_args=(),
                           device_types="cuda")
 def _flash_attn_forward(
@@ -393,19 +413,8 @@ def _flash_attn_forward(
     alibi_slopes: Optional[torch.Tensor],
     return_softmax: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
-                    alibi_slopes, False, q.shape[1], k.shape[1])
-    is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
-                                        k.shape[1], alibi_slopes is not None)
-    _check_return_softmax(return_softmax, dropout_p)
-    _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
-    # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout.
-    out, softmax_lse, S_dmask, rng_state = _ext_for(q).fwd(
-        q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
-        return_softmax
-    )
-    return out, softmax_lse, S_dmask, rng_state
+    return _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
+                                    window_size_right, softcap, alibi_slopes, return_softmax)
 
 
 @_torch_register_fake_wrapper("flash_attn::_flash_attn_forward")
@@ -440,6 +449,30 @@ def _flash_attn_forward_fake(
     return out, softmax_lse, S_dmask, rng_state
 
 
+def _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                              softmax_scale, causal, window_size_left, window_size_right, softcap,
+                              alibi_slopes, deterministic, rng_state=None):
+    """The backward op's implementation (eager CUDA calls of the autograd Functions call it
+    directly; see _attention_backward)."""
+    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
+                    alibi_slopes, deterministic, q.shape[1], k.shape[1])
+    is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
+                                        k.shape[1], alibi_slopes is not None)
+    _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
+    if dropout_p > 0.0 and rng_state is None:
+        raise FlashAttnValueError(
+            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
+        )
+    # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
+    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    _, _, _, softmax_d = _ext_for(q).bwd(
+        dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
+        wl, wr, softcap, alibi_slopes, dropout_p,
+        rng_state if dropout_p > 0.0 else None
+    )
+    return softmax_d
+
+
 @_torch_custom_op_wrapper("flash_attn::_flash_attn_backward", mutates_args=("dq", "dk", "dv"),
                           device_types="cuda")
 def _flash_attn_backward(
@@ -462,23 +495,9 @@ def _flash_attn_backward(
     deterministic: bool,
     rng_state: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
-                    alibi_slopes, deterministic, q.shape[1], k.shape[1])
-    is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
-                                        k.shape[1], alibi_slopes is not None)
-    _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    if dropout_p > 0.0 and rng_state is None:
-        raise FlashAttnValueError(
-            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
-        )
-    # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
-    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
-    _, _, _, softmax_d = _ext_for(q).bwd(
-        dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
-        wl, wr, softcap, alibi_slopes, dropout_p,
-        rng_state if dropout_p > 0.0 else None
-    )
-    return softmax_d
+    return _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                                     softmax_scale, causal, window_size_left, window_size_right,
+                                     softcap, alibi_slopes, deterministic, rng_state)
 
 
 @_torch_register_fake_wrapper("flash_attn::_flash_attn_backward")
@@ -522,6 +541,20 @@ else:
 # ---------------------------------------------------------------------------------------
 
 
+def _is_compiling():
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+def _eager_direct(q):
+    """Eager CUDA calls skip the custom-op dispatch (as flash_attn_with_kvcache does): the
+    autograd Function already handles autograd, and the dispatch costs tens of microseconds per
+    call, which shows at short sequences and in windowed calls. Under torch.compile, on meta /
+    fake tensors, and with FLASH_ATTN_EAGER_OP=1 (A/B) the registered ops run instead."""
+    return (q.device.type == "cuda" and not _is_compiling()
+            and os.environ.get("FLASH_ATTN_EAGER_OP", "0") != "1")
+
+
 def _pad_to_multiple_of_8(x, head_size_og):
     """The kernels need headdim % 8 == 0: zero-pad the last dimension (as upstream)."""
     if head_size_og % 8 != 0:
@@ -541,7 +574,8 @@ def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_si
     head_size_og = q.shape[-1]
     softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
     q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
-    out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
+    forward_fn = _flash_attn_forward_impl if _eager_direct(q) else _wrapped_flash_attn_forward
+    out_padded, softmax_lse, S_dmask, rng_state = forward_fn(
         q,
         k,
         v,
@@ -571,7 +605,8 @@ def _attention_backward(ctx, dout, dq, dk, dv):
     """The backward every autograd Function shares: writes the padded gradients into dq, dk,
     dv (which may be views into one packed gradient)."""
     q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
-    _wrapped_flash_attn_backward(
+    backward_fn = _flash_attn_backward_impl if _eager_direct(q) else _wrapped_flash_attn_backward
+    backward_fn(
         _pad_to_multiple_of_8(dout, dout.shape[-1]),
         q,
         k,
