@@ -155,6 +155,7 @@ case ${PART:-A} in
     TAIL=14 step check_bwd_ws_dropout 140 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_dropout.py --timeout 40 \
       --no-bench
     TAIL=16 step check_bwd_ws_d256 120 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_d256.py --timeout 40 --no-bench
+    [ -f scripts/eager_op_ab.py ] && TAIL=6 step eager_op_ab 40 $PY scripts/eager_op_ab.py  # branch eager-direct
     TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
