@@ -828,7 +828,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-        if constexpr (Traits::kDqTma) {
+        if constexpr (Traits::kDqTma || Traits::kDqStage) {
             // Warp 1 is the dQ writer. Branching on the warp index first keeps the loader in a
             // warp-uniform region: there ptxas keeps its addresses in uniform registers, while
             // a loader branched into from divergent lanes spills at 24 registers.
@@ -842,21 +842,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
                 }
             } else if (warp_idx == 1 && m_block_max > m_block_min) {
-                bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
-            }
-        } else if constexpr (Traits::kDqStage) {
-            // Warp 1 is the split-d dQ writer (warp-uniform branch first, as above).
-            const int warp_idx = cutlass::canonical_warp_idx_sync();
-            if (warp_idx == 0) {
-                if (threadIdx.x == 0 && m_block_max > m_block_min) {
-                    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
-                    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
-                    cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
-                    cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
-                    bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
+                if constexpr (Traits::kDqTma) {
+                    bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
+                } else {  // split-d: the dQ tile sits in the Q / dO stage
+                    bwd_ws_write_dq_split_d<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min,
+                                                    m_block_max);
                 }
-            } else if (warp_idx == 1 && m_block_max > m_block_min) {
-                bwd_ws_write_dq_split_d<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
             }
         } else if (threadIdx.x == 0 && m_block_max > m_block_min) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
