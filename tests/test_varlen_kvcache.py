@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from flash_attn import (
+    flash_attn_func,
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
@@ -824,3 +825,23 @@ def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
     kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises((ValueError, RuntimeError)):
         flash_attn_with_kvcache(q, kc, kc.clone())
+
+
+# A/B-only kernels (FLASH_ATTN_AB_KERNELS=1 builds): their switches raise in other builds, with
+# an error that names the build flag, instead of silently running the default kernel.
+@pytest.mark.parametrize("var", ["FLASH_ATTN_DECODE_PIPELINE", "FLASH_ATTN_BWD_WS_DQ_V4",
+                                 "FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC"])
+def test_ab_only_switch_rejected_without_ab_build(var, monkeypatch):
+    ext = require_gpu()
+    require_config(torch.bfloat16, 128)
+    if ext.ab_kernels_built():
+        pytest.skip("this build has the A/B-only kernels")
+    monkeypatch.setenv(var, "1")
+    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_AB_KERNELS"):
+        if var == "FLASH_ATTN_DECODE_PIPELINE":
+            flash_attn_with_kvcache(q, kc, kc.clone())
+        else:
+            qg = torch.randn(1, 33, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            flash_attn_func(qg, qg.detach().clone().requires_grad_(), qg.detach().clone().requires_grad_()).sum().backward()
