@@ -229,6 +229,11 @@ struct BwdParams : FwdParams {
     // The d256 split-d plain kernel with float2 dQ atomics instead of dQ through the Q / dO stage
     // (A/B, FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC=1; FLASH_ATTN_AB_KERNELS=1 builds).
     bool bwd_ws_d256_dq_atomic;
+    // Plain d256 calls on the kMod kernel instantiation (score modifiers off at run time) instead of
+    // the plain one: set by the binding from FLASH_ATTN_BWD_WS_D256_PLAIN_MOD (default on; session
+    // 12 measured the kMod kernel's ALiBi calls at 6.06 ms against 6.50 for plain calls on the
+    // plain kernel, bf16 8k).
+    bool bwd_ws_d256_plain_mod;
     // dq_accum's 8-float groups are XOR-swizzled by row % 4 within each row (float c of row r at
     // c ^ (8 (r % 4))): set by the launcher of the d256 WS deterministic kernel, whose dQ tiles are
     // bulk-copied from a conflict-free shared-memory layout; the conversion undoes it.

@@ -252,6 +252,8 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws_dq_v4 = params.bwd_ws_d256 == 2 && env_switch("FLASH_ATTN_BWD_WS_DQ_V4", false);
     require_ab_kernels(!params.bwd_ws_dq_v4, "FLASH_ATTN_BWD_WS_DQ_V4=1");
     params.bwd_ws_d256_dq_atomic = params.bwd_ws_d256 == 2 && env_switch("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", false);
+    params.bwd_ws_d256_plain_mod = params.bwd_ws_d256_mod && !params.bwd_ws_d256_dq_atomic && !params.bwd_ws_dq_v4 &&
+                                   env_switch("FLASH_ATTN_BWD_WS_D256_PLAIN_MOD", true);
     require_ab_kernels(!params.bwd_ws_d256_dq_atomic, "FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC=1");
 }
 

@@ -107,7 +107,11 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
 #endif
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHeadDim == 256) {
-        if (params.use_sm90 && params.bwd_ws && run_mha_bwd_ws_sm90_d256<Element, kFeat>(params, stream)) return;
+        if (params.use_sm90 && params.bwd_ws) {
+            // Plain calls try the kMod instantiation first (BwdParams::bwd_ws_d256_plain_mod).
+            if (!kFeat && params.bwd_ws_d256_plain_mod && run_mha_bwd_ws_sm90_d256<Element, true>(params, stream)) return;
+            if (run_mha_bwd_ws_sm90_d256<Element, kFeat>(params, stream)) return;
+        }
     }
 #endif
     if constexpr (kHeadDim <= 64) {

@@ -23,7 +23,7 @@ def main():
 
     slopes = torch.rand(8, device="cuda", dtype=torch.float32) * 0.5
     sm80 = {"FLASH_ATTN_BWD_WS_D256_MOD": "0"}
-    variants = [("plain", {}, {})]
+    variants = [("plain", {}, {}), ("plain, plain kernel", {}, {"FLASH_ATTN_BWD_WS_D256_PLAIN_MOD": "0"})]
     if ext.ab_kernels_built():
         variants += [("plain dq-atomic", {}, {"FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC": "1"}),
                      ("plain dq-v4", {}, {"FLASH_ATTN_BWD_WS_DQ_V4": "1"})]

@@ -220,7 +220,7 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
         // kernel, not deterministic (those keep the SM80-class kernels' sliced mode).
         const bool dropout = params.p_dropout > 0.f;
         const bool served = dropout ? !params.deterministic && params.softcap_scale <= 0.f
-                                    : (has_mod || params.deterministic) && det_ok;
+                                    : (has_mod || params.deterministic || params.bwd_ws_d256_plain_mod) && det_ok;
         if (!params.bwd_ws_d256_mod || params.bwd_ws_d256 != 2 || !served ||
             (params.dq_accum_splits > 1 && !params.deterministic)) {
             return false;
