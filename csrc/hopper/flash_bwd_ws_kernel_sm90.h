@@ -219,6 +219,18 @@ __forceinline__ __device__ int ld_acquire_gpu(int const *ptr) {
     return value;
 }
 
+// The dQ writers' destination: this (batch, head)'s rows of dq_accum, in this key block's slice
+// and with its place in the slice's order (`order`) when deterministic. dq_accum rows are padded
+// to a multiple of 128 (dense) or by 128 per sequence (varlen) and hold kHeadDim floats each:
+// every 64-row tile is in bounds and one contiguous block.
+template <int kHeadDim>
+__forceinline__ __device__ float *bwd_ws_dq_writer_dst(BwdParams const &params, BlockInfo const &binfo, int n_block,
+                                                      int bidb, int bidh, bool det, BwdWsDqOrder &order) {
+    int64_t slice_offset = 0;
+    if (det) { order = bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset); }
+    return params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
+}
+
 // ---- dQ writer (kDqTma): warp 1 of the producer warpgroup -------------------------------------
 // Per query block: wait until the consumers have written the block's fp32 dQ tile to buffer
 // (block parity) and fenced it for the async proxy (kdQFull), add the tile into dq_accum with one
@@ -235,11 +247,8 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
     constexpr int kHeadDim = Traits::kHeadDim;
     static_assert(kBlockM == 64, "one deterministic counter per 64-row query block");
     const bool det = params.deterministic;  // only with bwd_ws_det (the launcher checks it)
-    int64_t slice_offset = 0;
-    const BwdWsDqOrder order = det ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
-    // dq_accum rows are padded to a multiple of 128 (dense) or by 128 per sequence (varlen) and
-    // hold kHeadDim floats each: every 64-row tile is in bounds and one contiguous block.
-    float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
+    BwdWsDqOrder order{};
+    float *dq_accum_ptr = bwd_ws_dq_writer_dst<kHeadDim>(params, binfo, n_block, bidb, bidh, det, order);
     const bool leader = cute::elect_one_sync();
 #pragma unroll 1  // one iteration per query block is plenty for a warp that mostly waits
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
@@ -296,9 +305,8 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
     static_assert(kHalfFloats * sizeof(float) == kBlockM * kHeadDim * sizeof(typename Traits::Element),
                   "half a dQ tile in fp32 fills one Q / dO stage");
     const bool det = params.deterministic;  // only with bwd_ws_det (the launcher checks it)
-    int64_t slice_offset = 0;
-    const BwdWsDqOrder order = det ? bwd_ws_dq_order(params, binfo, n_block, bidb, bidh, slice_offset) : BwdWsDqOrder{};
-    float *dq_accum_ptr = params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
+    BwdWsDqOrder order{};
+    float *dq_accum_ptr = bwd_ws_dq_writer_dst<kHeadDim>(params, binfo, n_block, bidb, bidh, det, order);
     const bool leader = cute::elect_one_sync();
 #pragma unroll 1
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
