@@ -10,6 +10,7 @@
 #   PART=F bash scripts/validate_h200.sh   # full build; suite; feature costs; WS deterministic check
 #   PART=D bash scripts/validate_h200.sh   # d64/128 build; WS dropout backward check; features
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
+#   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
 #   PART=W bash scripts/validate_h200.sh   # branch ws-persistent-fix: WS head dims build; persistent
@@ -157,6 +158,20 @@ case ${PART:-A} in
     TAIL=16 step check_bwd_ws_d256 120 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_d256.py --timeout 40 --no-bench
     [ -f scripts/eager_op_ab.py ] && TAIL=6 step eager_op_ab 40 $PY scripts/eager_op_ab.py  # branch eager-direct
     TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
+  DN)
+    # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
+    # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    built || build
+    M=gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max
+    M=$M,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,lts__t_sectors_op_read.sum
+    M=$M,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum
+    for who in ours cudnn; do
+      for s in 32768 4096; do
+        TAIL=14 step ncu_spread_${who}_$s 40 env DECODE_S=$s ncu --clock-control none -k regex:"splitkv|sdpa" \
+          --launch-skip 2 --launch-count 1 --metrics $M $PY scripts/decode_profile_case.py $who 3
+      done
+    done ;;
   D)
     # Dropout kernels, head dims 64 / 128: the WS dropout backward's check (cases in their own
     # processes under a timeout, then dropout backward times on the WS and the lock-step kernels),
