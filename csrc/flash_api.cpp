@@ -245,6 +245,8 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws = bwd_ws_enabled();
     params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
     params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
+    params.bwd_ws_m128 = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_M128", false);
+    require_ab_kernels(!params.bwd_ws_m128, "FLASH_ATTN_BWD_WS_M128=1");
     params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
     params.bwd_sm80_variant = bwd_sm80_variant();
     params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;

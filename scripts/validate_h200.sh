@@ -10,6 +10,7 @@
 #   PART=F bash scripts/validate_h200.sh   # full build; suite; feature costs; WS deterministic check
 #   PART=D bash scripts/validate_h200.sh   # d64/128 build; WS dropout backward check; features
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
+#   PART=M128 bash scripts/validate_h200.sh  # d64 A/B build: WS backward on 128-row query blocks
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
@@ -158,6 +159,16 @@ case ${PART:-A} in
     TAIL=16 step check_bwd_ws_d256 120 env FLASH_ATTN_HEAD_DIMS=256 $PY scripts/check_bwd_ws_d256.py --timeout 40 --no-bench
     [ -f scripts/eager_op_ab.py ] && TAIL=6 step eager_op_ab 40 $PY scripts/eager_op_ab.py  # branch eager-direct
     TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
+  M128)
+    # Session 13: the d64 WS backward on 128-row query blocks (FLASH_ATTN_BWD_WS_M128, A/B-only,
+    # FA3's d64 tiles): head dim 64 A/B build; its tests (dense, window, varlen); times against the
+    # default 64-row blocks; d64 grid (ours with it, cuDNN).
+    export FLASH_ATTN_HEAD_DIMS=64 FLASH_ATTN_AB_KERNELS=1
+    build
+    TAIL=3 step test_m128 60 $PY -m pytest tests -q -x -k "m128 or ab_only"
+    TAIL=4 step bench_m128 40 $PY scripts/bench_bwd_m128.py
+    TAIL=16 step grid_m128 45 env FLASH_ATTN_BWD_WS_M128=1 $PY benchmarks/benchmark_attn.py --backends ours,cudnn \
+      --headdims 64 --out /tmp/gm ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.

@@ -28,6 +28,7 @@ from fa_test_utils import (
     load_extension,
     max_err,
     ref_fwd_bwd,
+    require_ab_kernels,
     require_config,
     require_gpu,
 )
@@ -149,6 +150,30 @@ BWD_PATH_CASES = [
 def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
     for name, value in BWD_PATHS[path].items():
         monkeypatch.setenv(name, value)
+    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
+# FLASH_ATTN_BWD_WS_M128=1 (A/B-only kernel, FLASH_ATTN_AB_KERNELS=1 builds; session 13): the
+# head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles). Odd and
+# tile-boundary lengths, one-row and one-key shapes, GQA / MQA, d < 64.
+M128_CASES = [
+    (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),
+    (torch.float16, 64, 1023, 1024, True, 1, 4, 1),
+    (torch.bfloat16, 64, 1, 300, True, 2, 4, 4),
+    (torch.float16, 64, 300, 1, False, 2, 4, 2),
+    (torch.bfloat16, 40, 257, 129, True, 2, 4, 4),
+    (torch.bfloat16, 64, 2048, 2048, True, 1, 2, 1),
+    (torch.float16, 59, 17, 17, False, 2, 2, 2),
+    (torch.bfloat16, 64, 128, 256, False, 2, 4, 4),
+    (torch.bfloat16, 64, 384, 130, True, 1, 4, 2),
+]
+
+
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
+                         [pytest.param(*c, id=_case_id(*c)) for c in M128_CASES])
+def test_flash_attn_backward_m128(dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 

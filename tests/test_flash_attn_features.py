@@ -23,6 +23,7 @@ from fa_test_utils import (
     check_against_ref,
     dropout_keep_ref,
     local_visible,
+    require_ab_kernels,
     require_config,
 )
 
@@ -403,3 +404,13 @@ def test_feature_errors_on_gpu():
     # The binding's own checks are exercised in test_interface_cpu.py: on the H200's torch 2.11 a
     # C++ exception leaving flash_attn._C can take the process down (docs/design.md), so the GPU
     # suite only goes through the public API, which validates in Python first.
+
+
+# FLASH_ATTN_BWD_WS_M128=1 (A/B-only, session 13): the d64 WS backward on 128-row query blocks with
+# sliding windows (tiles skipped per 128-row block).
+@pytest.mark.parametrize("window", [(0, 0), (16, 0), (7, 23), (64, -1), (-1, 40)])
+@pytest.mark.parametrize("sq, sk", [(113, 203), (317, 1000)])
+def test_window_backward_m128(window, sq, sk, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
+    _run(torch.bfloat16, 64, sq, sk, False, 2, 6, 2, window=window)

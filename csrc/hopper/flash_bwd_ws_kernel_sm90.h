@@ -245,8 +245,9 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
                                                 int m_block_min, int m_block_max) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kHeadDim = Traits::kHeadDim;
-    static_assert(kBlockM == 64, "one deterministic counter per 64-row query block");
-    const bool det = params.deterministic;  // only with bwd_ws_det (the launcher checks it)
+    // Only with bwd_ws_det (the launcher checks it), whose counters count 64-row query blocks:
+    // never with 128-row blocks (the plain kernel only).
+    const bool det = kBlockM == 64 && params.deterministic;
     BwdWsDqOrder order{};
     float *dq_accum_ptr = bwd_ws_dq_writer_dst<kHeadDim>(params, binfo, n_block, bidb, bidh, det, order);
     const bool leader = cute::elect_one_sync();

@@ -156,6 +156,16 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
             params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
         // Each option is its own kernel; the default (no option) is the draft's kernel unchanged.
+        if constexpr (kHeadDim == 64 && kBuildAbKernels) {
+            // FLASH_ATTN_BWD_WS_M128=1 (A/B, session 13): 128-row query blocks (FA3's d64 tiles),
+            // 2 stages: Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB = 224 KB.
+            if (params.bwd_ws_m128 && params.bwd_ws_dq_tma && !params.bwd_ws_overlap) {
+                using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, false, false, 0, false, false,
+                                               /*kBlockM=*/128>;
+                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                return true;
+            }
+        }
         if constexpr (kHeadDim == 64) {
             if (params.bwd_ws_overlap) {
                 if (params.bwd_ws_dq_tma) {

@@ -64,16 +64,21 @@ enum class BwdWsBarrier : uint32_t {
 // emit them as ATOMG), below the atomics kernel's plain 9.6 ms, hence every such call's kernel.
 // kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
 // atomic instructions of float2).
+// kBlockM (not split-d): query rows per step, 64, or 128 (A/B, FLASH_ATTN_BWD_WS_M128=1: FA3's d64
+// tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64 queries x d; plain
+// calls, not deterministic: one counter per 64-row block there).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
           bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kDqStage_ = false,
-          bool kDqV4_ = false>
+          bool kDqV4_ = false, int kBlockM_ = 64>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
-                                            BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_>> {
+                                            BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
     // copy atoms (GmemTiledCopyLoad for K / V, the store_tile atoms), all indexed by the consumer
     // thread index 0..255 (kSplitD: TiledMmaSdP by the index within the warpgroup).
     using Base = std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
-                                    BwdKernelTraitsSm90<kHeadDim_, 64, 128, Element_>>;
+                                    BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>>;
+    static_assert(kBlockM_ == 64 || (kSplitD_ == 0 && !kMod_ && !kDropout_),
+                  "128-row query blocks: the plain kernel only");
     using typename Base::Element;
     using Base::kBlockM;
     using Base::kBlockN;
