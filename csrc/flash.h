@@ -192,7 +192,7 @@ struct BwdParams : FwdParams {
     // tile) waits until the next block's S^T / dP^T GEMMs are issued, and overlaps them
     // (head-dim tile 64 only; the d128 WS kernel ignores it). (Also in that padding.)
     bool bwd_ws_overlap;
-    bool bwd_ws_m128;  // FLASH_ATTN_BWD_WS_M128 (A/B): d64 plain calls on 128-row query blocks
+    bool bwd_ws_m128;  // FLASH_ATTN_BWD_WS_M128 (default on): d64 WS calls (not dropout) on 128-row query blocks
     // Deterministic dQ on the warp-specialised sm_90a backward (set by the binding, make_dq_accum,
     // for the calls that kernel will serve): dq_accum holds dq_accum_splits zeroed slices, key
     // block n adds into slice n % splits with a bulk reduce-add, and the CTAs sharing a slice add

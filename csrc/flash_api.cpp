@@ -245,8 +245,12 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws = bwd_ws_enabled();
     params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
     params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
-    params.bwd_ws_m128 = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_M128", false);
-    require_ab_kernels(!params.bwd_ws_m128, "FLASH_ATTN_BWD_WS_M128=1");
+    require_ab_kernels(!params.bwd_ws_overlap, "FLASH_ATTN_BWD_WS_OVERLAP=1");
+    // d64 WS calls (plain, ALiBi, deterministic) on 128-row query blocks (the default since
+    // session 14); =0 runs the 64-row kernels, compiled only in A/B builds.
+    const bool m128 = env_switch("FLASH_ATTN_BWD_WS_M128", true);
+    require_ab_kernels(m128, "FLASH_ATTN_BWD_WS_M128=0");
+    params.bwd_ws_m128 = params.bwd_ws && m128;
     params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
     params.bwd_sm80_variant = bwd_sm80_variant();
     params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;

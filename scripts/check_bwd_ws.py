@@ -49,10 +49,19 @@ OLD_KERNEL = "flash_bwd_kernel_sm90"
 # Options of the WS backward, each run on top of FLASH_ATTN_BWD_WS=1: tag -> extra env vars.
 OPTIONS = {
     "dq_tma": {"FLASH_ATTN_BWD_WS_DQ": "tma"},
+    "dq_tma+m64": {"FLASH_ATTN_BWD_WS_DQ": "tma", "FLASH_ATTN_BWD_WS_M128": "0"},  # d64 only
     "overlap": {"FLASH_ATTN_BWD_WS_OVERLAP": "1"},  # d64 only (ignored at d128)
     "dq_tma+overlap": {"FLASH_ATTN_BWD_WS_DQ": "tma", "FLASH_ATTN_BWD_WS_OVERLAP": "1"},
 }
 OPTION_ENVS = sorted({k for env in OPTIONS.values() for k in env})
+# The 64-row d64 kernel and the overlap kernels are A/B-only (FLASH_ATTN_AB_KERNELS=1 builds).
+try:
+    from flash_attn import _C as _ext  # noqa: E402
+
+    if not _ext.ab_kernels_built():
+        OPTIONS = {"dq_tma": OPTIONS["dq_tma"]}
+except (ImportError, AttributeError):
+    pass
 # The launcher's fallback while the LSE boxes are not aligned in the kernel (csrc/hopper/
 # flash_bwd_ws_launch_sm90.h): dense calls with seqlen_q % 4 != 0 and varlen calls run the lock-step
 # kernel. False once the aligned-box fix (branch bwd-ws-align) is in.
@@ -249,7 +258,8 @@ def check_env_values():
     finally:
         os.environ.pop(ENV, None)
     # The options: their default spellings run the WS draft, an unknown value is an error (with WS on).
-    for var, default, bad in (("FLASH_ATTN_BWD_WS_DQ", "atomic", "smem"), ("FLASH_ATTN_BWD_WS_OVERLAP", "0", "2")):
+    for var, default, bad in (("FLASH_ATTN_BWD_WS_DQ", "atomic", "smem"), ("FLASH_ATTN_BWD_WS_OVERLAP", "0", "2"),
+                               ("FLASH_ATTN_BWD_WS_M128", "1", "2")):
         os.environ[ENV], os.environ[var] = "1", default  # (not through set_ws, which clears the options)
         try:
             names = cuda_kernel_names(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))

@@ -153,9 +153,10 @@ def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk, mon
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
-# FLASH_ATTN_BWD_WS_M128=1 (A/B-only kernel, FLASH_ATTN_AB_KERNELS=1 builds; session 13): the
-# head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles). Odd and
-# tile-boundary lengths, one-row and one-key shapes, GQA / MQA, d < 64.
+# The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles; the default
+# since session 14) and, in FLASH_ATTN_AB_KERNELS=1 builds, the 64-row one it replaced
+# (FLASH_ATTN_BWD_WS_M128=0). Odd and tile-boundary lengths, one-row and one-key shapes, GQA / MQA,
+# d < 64.
 M128_CASES = [
     (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),
     (torch.float16, 64, 1023, 1024, True, 1, 4, 1),
@@ -172,8 +173,15 @@ M128_CASES = [
 @pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
                          [pytest.param(*c, id=_case_id(*c)) for c in M128_CASES])
 def test_flash_attn_backward_m128(dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
-    require_ab_kernels()
     monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
+    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
+                         [pytest.param(*c, id=_case_id(*c)) for c in M128_CASES])
+def test_flash_attn_backward_m64_ab_only(dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "0")
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 

@@ -406,11 +406,36 @@ def test_feature_errors_on_gpu():
     # suite only goes through the public API, which validates in Python first.
 
 
-# FLASH_ATTN_BWD_WS_M128=1 (A/B-only, session 13): the d64 WS backward on 128-row query blocks with
-# sliding windows (tiles skipped per 128-row block).
+# The d64 WS backward on 128-row query blocks (the default since session 14) with sliding windows
+# (tiles skipped per 128-row block).
 @pytest.mark.parametrize("window", [(0, 0), (16, 0), (7, 23), (64, -1), (-1, 40)])
 @pytest.mark.parametrize("sq, sk", [(113, 203), (317, 1000)])
 def test_window_backward_m128(window, sq, sk, monkeypatch):
-    require_ab_kernels()
     monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
     _run(torch.bfloat16, 64, sq, sk, False, 2, 6, 2, window=window)
+
+
+# ALiBi and / or deterministic d64 calls: the score-modifier WS kernel on 128-row query blocks (the
+# default since session 14; deterministic: one counter per 128-row block) and, in A/B builds, on
+# the 64-row blocks (FLASH_ATTN_BWD_WS_M128=0). Deterministic reruns must be bitwise equal.
+@pytest.mark.parametrize("m128", ["1", "0"], ids=["m128", "m64_ab_only"])
+@pytest.mark.parametrize("alibi, deterministic", [("bh", False), (None, True), ("h", True)])
+@pytest.mark.parametrize("causal, window, sq, sk", [(False, (-1, -1), 317, 1000), (True, (-1, -1), 1000, 317),
+                                                    (False, (40, 7), 257, 259)])
+def test_mod_backward_m128(m128, alibi, deterministic, causal, window, sq, sk, monkeypatch):
+    if m128 == "0":
+        require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", m128)
+    _run(torch.bfloat16, 64, sq, sk, causal, 2, 6, 2, window=window, alibi=alibi, deterministic=deterministic)
+    if deterministic:
+        require_config(torch.bfloat16, 64)
+        q, k, v = (torch.randn(2, sq, 6 if i == 0 else 2, 64, device="cuda", dtype=torch.bfloat16,
+                               requires_grad=True) for i in range(3))
+        slopes = _alibi(alibi, 2, 6)
+        out = flash_attn_func(q, k, v, causal=causal, window_size=window, alibi_slopes=slopes, deterministic=True)
+        dout = torch.randn_like(out)
+        first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        for _ in range(10):
+            again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            for name, a, r in zip(("dq", "dk", "dv"), again, first):
+                assert torch.equal(a, r), f"{name} differs between deterministic runs"

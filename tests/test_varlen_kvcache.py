@@ -817,12 +817,11 @@ def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, mon
     assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
 
 
-# FLASH_ATTN_BWD_WS_M128=1 (A/B-only, session 13): varlen through the d64 WS backward on 128-row
-# query blocks (dq_accum's 128 padding rows per sequence hold a whole last block).
+# Varlen through the d64 WS backward on 128-row query blocks (the default since session 14;
+# dq_accum's 128 padding rows per sequence hold a whole last block).
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
 def test_varlen_backward_m128(mode, mask, monkeypatch):
-    require_ab_kernels()
     monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
     _run_varlen(torch.bfloat16, 64, 257, 300, mode, mask, 6, 2)
 
@@ -839,14 +838,15 @@ def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
 
 # A/B-only kernels (FLASH_ATTN_AB_KERNELS=1 builds): their switches raise in other builds, with
 # an error that names the build flag, instead of silently running the default kernel.
-@pytest.mark.parametrize("var", ["FLASH_ATTN_DECODE_PIPELINE", "FLASH_ATTN_BWD_WS_DQ_V4",
-                                 "FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", "FLASH_ATTN_BWD_WS_M128"])
-def test_ab_only_switch_rejected_without_ab_build(var, monkeypatch):
+@pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_PIPELINE", "1"), ("FLASH_ATTN_BWD_WS_DQ_V4", "1"),
+                                        ("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", "1"), ("FLASH_ATTN_BWD_WS_M128", "0"),
+                                        ("FLASH_ATTN_BWD_WS_OVERLAP", "1")])
+def test_ab_only_switch_rejected_without_ab_build(var, value, monkeypatch):
     ext = require_gpu()
     require_config(torch.bfloat16, 128)
     if ext.ab_kernels_built():
         pytest.skip("this build has the A/B-only kernels")
-    monkeypatch.setenv(var, "1")
+    monkeypatch.setenv(var, value)
     q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
     kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_AB_KERNELS"):

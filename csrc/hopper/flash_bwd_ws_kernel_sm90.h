@@ -245,9 +245,9 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
                                                 int m_block_min, int m_block_max) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kHeadDim = Traits::kHeadDim;
-    // Only with bwd_ws_det (the launcher checks it), whose counters count 64-row query blocks:
-    // never with 128-row blocks (the plain kernel only).
-    const bool det = kBlockM == 64 && params.deterministic;
+    // Only with bwd_ws_det (the launcher checks it). Its counters: one per query block of this
+    // kernel's kBlockM rows (seqlen_q_rounded / 64 per (slice, b, h) allocated: enough for both).
+    const bool det = params.deterministic;
     BwdWsDqOrder order{};
     float *dq_accum_ptr = bwd_ws_dq_writer_dst<kHeadDim>(params, binfo, n_block, bidb, bidh, det, order);
     const bool leader = cute::elect_one_sync();
@@ -619,8 +619,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
         const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
-        if constexpr (Traits::kDropout) {
-            score_mod.apply_alibi_t(acc_s, coords_st, row0, col0);  // no softcap with dropout (the binding)
+        if constexpr (Traits::kDropout || (Traits::kMod && kHeadDim == 64)) {
+            // No softcap with dropout (the binding), nor at d64 (the launcher declines it there):
+            // ALiBi only, and no softcap gradient below (registers for the 128-row d64 blocks).
+            score_mod.apply_alibi_t(acc_s, coords_st, row0, col0);
         } else if constexpr (Traits::kMod) {
             score_mod.apply_t(acc_s, coords_st, row0, col0);
         }
@@ -687,7 +689,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                 dS(mi, ni) = scores(mi, ni) * (Traits::kDropout ? dS(mi, ni) * dp_scale - dsum : dS(mi, ni) - dsum);
             }
         }
-        if constexpr (Traits::kMod && !Traits::kDropout) {
+        if constexpr (Traits::kMod && !Traits::kDropout && kHeadDim != 64) {
             // Rows past the sequence read LSE 0 (their P is 0 anyway), as above.
             score_mod.softcap_grad_t(acc_dp, acc_s, coords_st, row0, col0, params.scale_softmax_log2, [&](int i) {
                 const int r = get<1>(coords_st(i));

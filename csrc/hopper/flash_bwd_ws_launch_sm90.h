@@ -152,35 +152,52 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     // The score-modifier kernel alone in the _mod translation units: the plain kernels stay out of
     // them (discarded branch), so that no kernel is compiled twice.
     if constexpr (kMod) {
-        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true>>(
-            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        if constexpr (kHeadDim == 64) {
+            // 128-row query blocks, as the plain d64 kernel below (FLASH_ATTN_BWD_WS_M128=0: the
+            // 64-row kernel, A/B builds only).
+            if (params.bwd_ws_m128 || !kBuildAbKernels) {
+                using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, /*kMod=*/true, false, 0, false,
+                                               false, /*kBlockM=*/128>;
+                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                return true;
+            }
+        }
+        if constexpr (kHeadDim != 64 || kBuildAbKernels) {
+            bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true>>(
+                params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        }
     } else {
-        // Each option is its own kernel; the default (no option) is the draft's kernel unchanged.
-        if constexpr (kHeadDim == 64 && kBuildAbKernels) {
-            // FLASH_ATTN_BWD_WS_M128=1 (A/B, session 13): 128-row query blocks (FA3's d64 tiles),
-            // 2 stages: Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB = 224 KB.
-            if (params.bwd_ws_m128 && params.bwd_ws_dq_tma && !params.bwd_ws_overlap) {
+        // Each option is its own kernel.
+        if constexpr (kHeadDim == 64) {
+            if constexpr (kBuildAbKernels) {  // FLASH_ATTN_BWD_WS_OVERLAP=1 (A/B only; session 7: no gain)
+                if (params.bwd_ws_overlap) {
+                    if (params.bwd_ws_dq_tma) {
+                        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/true>>(
+                            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                    } else {
+                        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/false, /*kOverlap=*/true>>(
+                            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                    }
+                    return true;
+                }
+            }
+            // The default d64 kernel (session 14): 128-row query blocks (FA3's d64 tiles), 2 stages:
+            // Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB = 224 KB. H200 bf16
+            // 8k backward 8.57 -> 7.19 ms (causal 4.54 -> 3.84) against the 64-row blocks, which
+            // stay for A/B (FLASH_ATTN_BWD_WS_M128=0, FLASH_ATTN_AB_KERNELS=1 builds; the binding
+            // rejects the switch elsewhere, so a default build never needs them).
+            if (params.bwd_ws_dq_tma && (params.bwd_ws_m128 || !kBuildAbKernels)) {
                 using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, false, false, 0, false, false,
                                                /*kBlockM=*/128>;
                 bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
                 return true;
             }
         }
-        if constexpr (kHeadDim == 64) {
-            if (params.bwd_ws_overlap) {
-                if (params.bwd_ws_dq_tma) {
-                    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/true>>(
-                        params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                } else {
-                    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/false, /*kOverlap=*/true>>(
-                        params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                }
-                return true;
-            }
-        }
         if (params.bwd_ws_dq_tma) {
-            bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q, batch_q,
-                                                                                     lse_elems, dsum_elems);
+            if constexpr (kHeadDim != 64 || kBuildAbKernels) {
+                bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q,
+                                                                                         batch_q, lse_elems, dsum_elems);
+            }
         } else {
             bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim>>(params, stream, rows_q, batch_q, lse_elems,
                                                                      dsum_elems);

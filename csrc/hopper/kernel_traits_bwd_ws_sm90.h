@@ -64,9 +64,9 @@ enum class BwdWsBarrier : uint32_t {
 // emit them as ATOMG), below the atomics kernel's plain 9.6 ms, hence every such call's kernel.
 // kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
 // atomic instructions of float2).
-// kBlockM (not split-d): query rows per step, 64, or 128 (A/B, FLASH_ATTN_BWD_WS_M128=1: FA3's d64
-// tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64 queries x d; plain
-// calls, not deterministic: one counter per 64-row block there).
+// kBlockM (not split-d, not dropout): query rows per step, 64, or 128 (d64 since session 14, plain
+// and kMod: FA3's d64 tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64
+// queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
           bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kDqStage_ = false,
           bool kDqV4_ = false, int kBlockM_ = 64>
@@ -77,8 +77,8 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     // thread index 0..255 (kSplitD: TiledMmaSdP by the index within the warpgroup).
     using Base = std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
                                     BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>>;
-    static_assert(kBlockM_ == 64 || (kSplitD_ == 0 && !kMod_ && !kDropout_),
-                  "128-row query blocks: the plain kernel only");
+    static_assert(kBlockM_ == 64 || (kSplitD_ == 0 && !kDropout_),
+                  "128-row query blocks: the plain and score-modifier / deterministic kernels only");
     using typename Base::Element;
     using Base::kBlockM;
     using Base::kBlockN;
