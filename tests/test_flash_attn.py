@@ -157,9 +157,7 @@ def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk, mon
 # since session 14) and, in FLASH_ATTN_AB_KERNELS=1 builds, the 64-row one it replaced
 # (FLASH_ATTN_BWD_WS_M128=0). Odd and tile-boundary lengths, one-row and one-key shapes, GQA / MQA,
 # d < 64.
-M128_CASES = [
-    (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),
-    (torch.float16, 64, 1023, 1024, True, 1, 4, 1),
+M128_CASES = BWD_PATH_CASES[:2] + [
     (torch.bfloat16, 64, 1, 300, True, 2, 4, 4),
     (torch.float16, 64, 300, 1, False, 2, 4, 2),
     (torch.bfloat16, 40, 257, 129, True, 2, 4, 4),
@@ -170,18 +168,13 @@ M128_CASES = [
 ]
 
 
+@pytest.mark.parametrize("m128", ["1", "0"], ids=["m128", "m64_ab_only"])
 @pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
                          [pytest.param(*c, id=_case_id(*c)) for c in M128_CASES])
-def test_flash_attn_backward_m128(dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
-    _run_case(dtype, d, sq, sk, causal, b, h, hk)
-
-
-@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
-                         [pytest.param(*c, id=_case_id(*c)) for c in M128_CASES])
-def test_flash_attn_backward_m64_ab_only(dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
-    require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "0")
+def test_flash_attn_backward_m128(m128, dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
+    if m128 == "0":
+        require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", m128)
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
