@@ -151,6 +151,17 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
+// FLASH_ATTN_DECODE_CTA=0..3 (A/B, read at each call): the d128 split-KV decode with cuDNN's schedule
+// and that many K / V buffers (0, unset: the wide kernel).
+int decode_cta_stages() {
+    const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
+    if (env == nullptr || env[0] == '\0') return 0;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "0" || choice == "1" || choice == "2" || choice == "3",
+                "flash_attn: FLASH_ATTN_DECODE_CTA must be '0', '1', '2' or '3', got '", choice, "'");
+    return choice[0] - '0';
+}
+
 // A/B-only kernels (flash::kBuildAbKernels) are compiled only with FLASH_ATTN_AB_KERNELS=1 at build
 // time; `ok` false means the call asked for one of them through `setting`.
 void require_ab_kernels(bool ok, const std::string &setting) {
@@ -1088,6 +1099,8 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
         require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
+        params.decode_cta = decode_cta_stages();
+        require_ab_kernels(params.decode_cta == 0, "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "flash.h"
+#include "flash_fwd_splitkv_cta_kernel.h"
 #include "flash_fwd_splitkv_kernel.h"
 #include "launch_check.h"
 
@@ -36,6 +37,20 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
 #endif
     if constexpr (kHeadDim == 128) {
         if (params.splitkv_wide) {
+            if constexpr (kBuildAbKernels) {
+                // A/B (session 15): cuDNN's schedule; paged / softcap / ALiBi calls keep the wide kernel.
+                const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+                if (params.decode_cta > 0 && params.block_table == nullptr && !mod && params.d == 128) {
+                    if (params.decode_cta == 1) {
+                        launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream);
+                    } else if (params.decode_cta == 2) {
+                        launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream);
+                    } else {
+                        launch_splitkv_cta<SplitKVCtaTraits<Element, 3>>(params, stream);
+                    }
+                    return;
+                }
+            }
             launch_splitkv<SplitKVWideTraits<Element>>(params, stream);
             return;
         }

@@ -11,6 +11,7 @@
 #   PART=D bash scripts/validate_h200.sh   # d64/128 build; WS dropout backward check; features
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=M128 bash scripts/validate_h200.sh  # d64 A/B build: WS backward on 128-row query blocks
+#   PART=CT bash scripts/validate_h200.sh  # d128 A/B build: decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA)
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
@@ -169,6 +170,19 @@ case ${PART:-A} in
     TAIL=4 step bench_m128 40 $PY scripts/bench_bwd_m128.py
     TAIL=16 step grid_m128 45 env FLASH_ATTN_BWD_WS_M128=1 $PY benchmarks/benchmark_attn.py --backends ours,cudnn \
       --headdims 64 --out /tmp/gm ;;
+  CT)
+    # Session 15: the d128 decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA=1/2/3, A/B-only: 4 warps,
+    # 128-key CTA tiles, K / V one CTA-wide burst at a time); d128 bf16 A/B build; its tests; A/B
+    # against the wide kernel and cuDNN; ncu DRAM throughput.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
+    built || build
+    TAIL=3 step test_cta 90 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only or test_kvcache"
+    TAIL=6 step decode_cta_ab 100 $PY scripts/decode_variants_ab.py --rounds 7 --modes skip,cta1,cta2,cta3
+    M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__cycles_active.avg,sm__cycles_active.max
+    for st in 0 1 2 3; do
+      TAIL=8 step ncu_cta$st 40 env FLASH_ATTN_DECODE_CTA=$st ncu --clock-control none -k regex:"splitkv" \
+        --launch-skip 2 --launch-count 1 --metrics $M $PY scripts/decode_profile_case.py ours 3
+    done ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.

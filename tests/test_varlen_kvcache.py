@@ -817,6 +817,42 @@ def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, mon
     assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
 
 
+# FLASH_ATTN_DECODE_CTA=1/2/3 (A/B-only, session 15): the d128 split-KV decode with cuDNN's schedule
+# (128-key CTA tiles, K and V loaded by the whole CTA one tile at a time, 1-3 buffers each).
+# Contiguous caches without softcap / ALiBi take it; the paged / softcap / ALiBi cases here check
+# that those calls still run the wide kernel.
+CTA_CASES = [c for c in KV_CASES if c[0] in (
+    "decode-gqa", "decode-mqa-split3", "decode-mha-nosplit", "noappend", "noappend-sq5-causal", "append-sq4-causal",
+    "append-new3-sq1", "rotary-half", "leftpad", "batch-idx-causal", "local", "local-split", "paged16",
+    "decode-gqa-softcap", "decode-gqa-alibi-bh-split3")]
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+@pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
+def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(stages))
+    _run_kvcache(**kw)
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
+def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(stages))
+    _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, new_kv=seqlen_cache > 1, num_splits=num_splits)
+
+
+def test_kvcache_decode_cta_rejects_unknown(monkeypatch):
+    require_gpu()
+    require_config(torch.bfloat16, 128)
+    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", "4")
+    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises((ValueError, RuntimeError), match="FLASH_ATTN_DECODE_CTA"):
+        flash_attn_with_kvcache(q, kc, kc.clone())
+
+
 # Varlen through the d64 WS backward on 128-row query blocks (the default since session 14;
 # dq_accum's 128 padding rows per sequence hold a whole last block).
 @pytest.mark.parametrize("mode", MODES)
@@ -838,7 +874,8 @@ def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
 
 # A/B-only kernels (FLASH_ATTN_AB_KERNELS=1 builds): their switches raise in other builds, with
 # an error that names the build flag, instead of silently running the default kernel.
-@pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_PIPELINE", "1"), ("FLASH_ATTN_BWD_WS_DQ_V4", "1"),
+@pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_PIPELINE", "1"), ("FLASH_ATTN_DECODE_CTA", "1"),
+                                        ("FLASH_ATTN_BWD_WS_DQ_V4", "1"),
                                         ("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", "1"), ("FLASH_ATTN_BWD_WS_M128", "0"),
                                         ("FLASH_ATTN_BWD_WS_OVERLAP", "1")])
 def test_ab_only_switch_rejected_without_ab_build(var, value, monkeypatch):
@@ -850,7 +887,7 @@ def test_ab_only_switch_rejected_without_ab_build(var, value, monkeypatch):
     q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
     kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_AB_KERNELS"):
-        if var == "FLASH_ATTN_DECODE_PIPELINE":
+        if var.startswith("FLASH_ATTN_DECODE_"):
             flash_attn_with_kvcache(q, kc, kc.clone())
         else:
             qg = torch.randn(1, 33, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)

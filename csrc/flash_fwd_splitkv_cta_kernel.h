@@ -1,0 +1,252 @@
+// Split-KV decode at d = 128 with cuDNN's schedule (A/B: FLASH_ATTN_DECODE_CTA=1/2/3, contiguous
+// caches, no softcap / ALiBi).
+//
+// The default wide kernel (flash_fwd_splitkv_kernel.h) lets each of 8 warps stream its own 16-key
+// tiles through its own ring: up to 192 KB of K / V in flight per SM, issued by 8 independent
+// streams. cuDNN's decode kernel (ncu, session 4) reads the same bytes at 94-96% of DRAM peak
+// against our 91-93.5% with the opposite shape: 4 warps, one CTA per (batch, KV head), 128-key CTA
+// tiles (each warp takes 32 keys of a tile), K and V loaded by the whole CTA one 32 KB burst at a
+// time, ~86 KB of shared memory. This kernel is that schedule:
+//
+//   top:  barrier (every warp is past P V of tile it - 1)  -> issue V(it + S - 1)
+//   A:    wait K(it), barrier                               -> S = Q K(it)^T, masks, softmax
+//   B:    wait V(it), barrier (every warp is past S(it))    -> issue K(it + S); O += P V(it)
+//
+// with S = kStages buffers each of K and V (S = 1 is cuDNN's 64 KB). The warps keep their own
+// online softmax and merge at the end (splitkv_merge_and_store), as in the wide kernel; the
+// splits are whole 128-key tiles.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "block_info.h"
+#include "flash.h"
+#include "flash_fwd_splitkv_common.h"
+#include "flash_fwd_splitkv_kernel.h"
+#include "kernel_traits.h"
+#include "launch_check.h"
+#include "softmax.h"
+#include "utils.h"
+
+namespace flash {
+
+using namespace cute;
+
+template <typename Element_, int kStages_>
+struct SplitKVCtaTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = 128;
+    static constexpr int kBlockM = 16;  // packed rows per CTA
+    static constexpr int kNWarps = 4;
+    static constexpr int kNThreads = kNWarps * 32;
+    static constexpr int kBlockNw = 32;                  // keys per warp of a tile
+    static constexpr int kBlockN = kNWarps * kBlockNw;   // keys per CTA tile
+    static constexpr int kStages = kStages_;
+    // One warp's view (16 rows x 32 keys): MMA, swizzled smem layouts, ldmatrix atoms.
+    using WarpTraits = FwdKernelTraits<kHeadDim, kBlockM, kBlockNw, 1, Element>;
+    static constexpr int kSubTileElems = kBlockNw * kHeadDim;  // one warp's keys of K (or V)
+    static constexpr int kTileElems = kBlockN * kHeadDim;
+    static constexpr int kQElems = kBlockM * kHeadDim;
+    static constexpr int kRingElems = kStages * kTileElems;  // the K ring; the V ring follows it
+    static constexpr int kMergeBytes = kNWarps * kBlockM * kHeadDim * 4 + 2 * kNWarps * kBlockM * 4;
+    static_assert(kMergeBytes <= 2 * kRingElems * int(sizeof(Element)));
+    static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
+};
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_fwd_splitkv_cta_kernel(const __grid_constant__ FwdParams params) {
+    using Element = typename Traits::Element;
+    using WT = typename Traits::WarpTraits;
+    using TiledMma = typename WT::TiledMma;
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockNw = Traits::kBlockNw;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kNWarps = Traits::kNWarps;
+    constexpr int kNThreads = Traits::kNThreads;
+    constexpr int kStages = Traits::kStages;
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+    constexpr int kRowsPerPass = kNThreads / kChunksPerRow;  // rows of a tile one pass of the CTA loads
+    static_assert(kBlockNw % kRowsPerPass == 0);
+
+    extern __shared__ __align__(1024) char smem[];
+    const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
+    const int m_block = blockIdx.y, split = blockIdx.z;
+    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
+    const int g = params.h_h_k_ratio;
+
+    const BlockInfo binfo(params, bidb);
+    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
+    const int packed_rows = seqlen_q * g;
+    const int p0 = m_block * kBlockM;
+    if (p0 >= packed_rows) return;
+    const int diag = seqlen_k - seqlen_q;
+
+    // Keys this row block can see, in whole CTA tiles, and this split's share of them.
+    const int i_first = p0 / g;
+    const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
+    int n_begin = 0, n_end = seqlen_k;
+    if (params.window_right < kWindowUnbounded) n_end = max(0, min(n_end, i_last_q + diag + params.window_right + 1));
+    if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
+    const int t_begin = n_begin / kBlockN;
+    const int t_end = n_end > n_begin ? ceil_div(n_end, kBlockN) : t_begin;
+    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
+    const int s_begin = t_begin + split * tiles_per_split;
+    const int n_tiles = max(0, min(t_end, s_begin + tiles_per_split) - s_begin);
+
+    // ---- shared memory: Q | K ring (kStages x 4 warp sub-tiles) | V ring ----
+    Element *smem_q = reinterpret_cast<Element *>(smem);
+    Element *smem_k = smem_q + Traits::kQElems;
+    Element *smem_v = smem_k + Traits::kRingElems;
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename WT::SmemLayoutQ{});
+    auto sub_tile = [&](Element *ring, int stage, int w) {
+        return make_tensor(make_smem_ptr(ring + (stage * kNWarps + w) * Traits::kSubTileElems),
+                           typename WT::SmemLayoutKV{});
+    };
+
+    // ---- Q: packed row p -> (query p / g, head bidh_k * g + p % g) ----
+    const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
+                            binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
+    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += kNThreads) {
+        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
+        const int p = p0 + r;
+        const bool ok = p < packed_rows;
+        const Element *src = ok ? q_base + index_t(p / g) * params.q_row_stride +
+                                      index_t(bidh_k * g + p % g) * params.q_head_stride + c
+                                : q_base;
+        cp_async_16_zfill(&sQ(r, c), src, ok);
+    }
+    cp_async_fence();
+
+    // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
+    // (256 contiguous bytes), rows kRowsPerPass apart per pass; row r goes to warp r / 32's sub-tile.
+    const index_t k_dense = binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) + bidh_k * params.k_head_stride;
+    const index_t v_dense = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
+    const Element *k_head = reinterpret_cast<const Element *>(params.k_ptr) + k_dense;
+    const Element *v_head = reinterpret_cast<const Element *>(params.v_ptr) + v_dense;
+    const int load_row = tidx / kChunksPerRow, load_col = (tidx % kChunksPerRow) * 8;
+    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage) {
+        const int key0 = tile * kBlockN + load_row;
+        const Element *src = head + index_t(key0) * row_stride + load_col;
+        CUTE_UNROLL
+        for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+            const int r = load_row + j * kRowsPerPass;  // row of the tile
+            const bool ok = key0 + j * kRowsPerPass < seqlen_k;
+            Tensor s = sub_tile(ring, stage, r / kBlockNw);
+            cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok);
+        }
+    };
+    auto load_k = [&](int it) { load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages); };
+    auto load_v = [&](int it) { load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages); };
+
+    // cp.async groups: Q, K(0), V(0), ..., K(S - 1); then per iteration it: V(it + S - 1), K(it + S)
+    // (empty groups past the last tile keep the counts uniform).
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+        if (s > 0) {
+            if (s - 1 < n_tiles) load_v(s - 1);
+            cp_async_fence();
+        }
+        if (s < n_tiles) load_k(s);
+        cp_async_fence();
+    }
+
+    TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(lane);
+    Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_o);
+    Tensor coords_s = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockNw>>{}));
+    Tensor coords_s_rc = make_tensor(coords_s.data(), acc_layout_rowcol(coords_s.layout()));
+    constexpr int kNRows = decltype(size<0>(coords_s_rc))::value;
+    static_assert(kNRows == 2);
+    int row_q[kNRows];
+    [[maybe_unused]] float alibi_slope[kNRows];
+    splitkv_row_state<false>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
+
+    OnlineSoftmax<kNRows> softmax;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+
+    Tensor sK0 = sub_tile(smem_k, 0, 0);
+    Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename WT::SmemLayoutVtNoSwizzle{});
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+    Tensor tSrK = thr_mma.partition_fragment_B(sK0);
+    Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle0);
+    auto smem_copy_Q = make_tiled_copy_A(typename WT::SmemCopyAtom{}, tiled_mma);
+    auto thr_smem_copy_Q = smem_copy_Q.get_thread_slice(lane);
+    auto smem_copy_K = make_tiled_copy_B(typename WT::SmemCopyAtom{}, tiled_mma);
+    auto thr_smem_copy_K = smem_copy_K.get_thread_slice(lane);
+    auto smem_copy_V = make_tiled_copy_B(typename WT::SmemCopyAtomTransposed{}, tiled_mma);
+    auto thr_smem_copy_V = smem_copy_V.get_thread_slice(lane);
+
+    cp_async_wait<2 * kStages - 1>();  // Q (the first group) landed for this thread
+    __syncthreads();                   // ... and for every thread
+    {
+        Tensor tSsQ = thr_smem_copy_Q.partition_S(sQ);
+        Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
+        cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
+    }
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int stage = it % kStages;
+        // top: every warp is past P V of tile it - 1, whose V buffer takes tile it + S - 1.
+        __syncthreads();
+        if (it + kStages - 1 < n_tiles) load_v(it + kStages - 1);
+        cp_async_fence();
+        // A: K(it) landed (after it: V(it), K / V of it + 1 .. it + S - 1 -> 2 S - 1 groups).
+        cp_async_wait<2 * kStages - 1>();
+        __syncthreads();
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+        clear(acc_s);
+        gemm_rs(acc_s, tSrQ, tSrK, thr_smem_copy_K.partition_S(sub_tile(smem_k, stage, warp)), tiled_mma, smem_copy_K,
+                thr_smem_copy_K);
+        splitkv_mod_and_mask<false, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope,
+                                              (s_begin + it) * kBlockN + warp * kBlockNw, seqlen_k, diag,
+                                              needs_row_mask, params);
+        // Skip O *= exp(m_old - m_new) when no row of the warp's tile raised its max (bitwise the same).
+        const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, params.scale_softmax_log2);
+        bool moved = false;
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
+        if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+        Tensor rP = convert_type<Element>(acc_s);
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
+        // B: V(it) landed (after it: K / V of it + 1 .. it + S - 1 -> 2 S - 2 groups); every warp
+        // is past S(it), so its K buffer takes tile it + S.
+        cp_async_wait<2 * kStages - 2>();
+        __syncthreads();
+        if (it + kStages < n_tiles) load_k(it + kStages);
+        cp_async_fence();
+        Tensor sVt = make_tensor(sub_tile(smem_v, stage, warp).data(), typename WT::SmemLayoutVt{});
+        gemm_rs(acc_o, tOrP, tOrVt, thr_smem_copy_V.partition_S(sVt), tiled_mma, smem_copy_V, thr_smem_copy_V);
+    }
+    cp_async_wait<0>();
+
+    __syncthreads();  // all warps are done with their K / V buffers: the merge reuses them
+    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, kNThreads, Element>(
+        params, binfo, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
+        split);
+}
+
+// Launch (the caller has checked: d = 128, no block table, no softcap / ALiBi).
+template <typename Traits>
+void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
+    constexpr int smem_size = Traits::kSmemSize;
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits>;
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+    if (params.num_splits > 1) {
+        const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
+        const dim3 grid_combine(static_cast<unsigned>((rows + 7) / 8));
+        flash_fwd_splitkv_combine_kernel<typename Traits::Element, 128><<<grid_combine, 256, 0, stream>>>(params);
+        FLASH_CHECK_LAUNCH();
+    }
+}
+
+}  // namespace flash
