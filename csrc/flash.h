@@ -115,8 +115,8 @@ struct FwdParams : QKVParams {
     bool decode_skip_rescale;
     bool decode_l2_prefetch;
     bool decode_pipeline_s;  // FLASH_ATTN_DECODE_PIPELINE (A/B): S of the next tile before this one's softmax
-    // FLASH_ATTN_DECODE_CTA (A/B): 0 = the wide kernel; 1..3 = cuDNN's schedule with that many K / V
-    // buffers (flash_fwd_splitkv_cta_kernel.h; contiguous caches without softcap / ALiBi).
+    // FLASH_ATTN_DECODE_CTA (A/B): 0 = the wide kernel; 1..7 = cuDNN's schedule, variants listed in
+    // flash_fwd_splitkv_launch.h (flash_fwd_splitkv_cta_kernel.h; contiguous caches, no softcap / ALiBi).
     int decode_cta;
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT).

@@ -32,16 +32,20 @@ namespace flash {
 
 using namespace cute;
 
-template <typename Element_, int kStages_>
+// kNWarps 4 (cuDNN's) or 8 (16 keys per warp, two warps per scheduler); kTogether: K and V of a
+// tile issued together at the top of the loop (one barrier fewer, no K / V alternation).
+template <typename Element_, int kStages_, int kNWarps_ = 4, bool kTogether_ = false>
 struct SplitKVCtaTraits {
     using Element = Element_;
     static constexpr int kHeadDim = 128;
     static constexpr int kBlockM = 16;  // packed rows per CTA
-    static constexpr int kNWarps = 4;
+    static constexpr int kNWarps = kNWarps_;
     static constexpr int kNThreads = kNWarps * 32;
-    static constexpr int kBlockNw = 32;                  // keys per warp of a tile
-    static constexpr int kBlockN = kNWarps * kBlockNw;   // keys per CTA tile
+    static constexpr int kBlockN = 128;                  // keys per CTA tile
+    static constexpr int kBlockNw = kBlockN / kNWarps;   // keys per warp of a tile
     static constexpr int kStages = kStages_;
+    static constexpr bool kTogether = kTogether_;
+    static_assert(!kTogether || kStages >= 2, "together with one buffer would leave nothing in flight");
     // One warp's view (16 rows x 32 keys): MMA, swizzled smem layouts, ldmatrix atoms.
     using WarpTraits = FwdKernelTraits<kHeadDim, kBlockM, kBlockNw, 1, Element>;
     static constexpr int kSubTileElems = kBlockNw * kHeadDim;  // one warp's keys of K (or V)
@@ -67,6 +71,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kNWarps = Traits::kNWarps;
     constexpr int kNThreads = Traits::kNThreads;
     constexpr int kStages = Traits::kStages;
+    constexpr bool kTogether = Traits::kTogether;
     constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
     constexpr int kRowsPerPass = kNThreads / kChunksPerRow;  // rows of a tile one pass of the CTA loads
     static_assert(kBlockNw % kRowsPerPass == 0);
@@ -142,15 +147,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto load_v = [&](int it) { load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages); };
 
     // cp.async groups: Q, K(0), V(0), ..., K(S - 1); then per iteration it: V(it + S - 1), K(it + S)
-    // (empty groups past the last tile keep the counts uniform).
+    // (empty groups past the last tile keep the counts uniform). kTogether: Q, tiles 0 .. S - 2; then
+    // per iteration tile it + S - 1 (K and V in one group).
+    constexpr int kGroupsAfterQ = kTogether ? kStages - 1 : 2 * kStages - 1;
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
-        if (s > 0) {
-            if (s - 1 < n_tiles) load_v(s - 1);
+        if constexpr (kTogether) {
+            if (s < kStages - 1) {
+                if (s < n_tiles) { load_k(s); load_v(s); }
+                cp_async_fence();
+            }
+        } else {
+            if (s > 0) {
+                if (s - 1 < n_tiles) load_v(s - 1);
+                cp_async_fence();
+            }
+            if (s < n_tiles) load_k(s);
             cp_async_fence();
         }
-        if (s < n_tiles) load_k(s);
-        cp_async_fence();
     }
 
     TiledMma tiled_mma;
@@ -182,7 +196,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto smem_copy_V = make_tiled_copy_B(typename WT::SmemCopyAtomTransposed{}, tiled_mma);
     auto thr_smem_copy_V = smem_copy_V.get_thread_slice(lane);
 
-    cp_async_wait<2 * kStages - 1>();  // Q (the first group) landed for this thread
+    cp_async_wait<kGroupsAfterQ>();  // Q (the first group) landed for this thread
     __syncthreads();                   // ... and for every thread
     {
         Tensor tSsQ = thr_smem_copy_Q.partition_S(sQ);
@@ -192,12 +206,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     for (int it = 0; it < n_tiles; ++it) {
         const int stage = it % kStages;
-        // top: every warp is past P V of tile it - 1, whose V buffer takes tile it + S - 1.
+        // top: every warp is past P V of tile it - 1, whose V buffer (kTogether: K and V buffers)
+        // takes tile it + S - 1.
         __syncthreads();
-        if (it + kStages - 1 < n_tiles) load_v(it + kStages - 1);
+        if (it + kStages - 1 < n_tiles) {
+            if constexpr (kTogether) { load_k(it + kStages - 1); }
+            load_v(it + kStages - 1);
+        }
         cp_async_fence();
-        // A: K(it) landed (after it: V(it), K / V of it + 1 .. it + S - 1 -> 2 S - 1 groups).
-        cp_async_wait<2 * kStages - 1>();
+        // A: K(it) landed (after it: V(it), K / V of it + 1 .. it + S - 1 -> 2 S - 1 groups;
+        // kTogether: tile it landed, S - 1 groups after it).
+        cp_async_wait<kGroupsAfterQ>();
         __syncthreads();
         Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
         clear(acc_s);
@@ -216,10 +235,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         // B: V(it) landed (after it: K / V of it + 1 .. it + S - 1 -> 2 S - 2 groups); every warp
         // is past S(it), so its K buffer takes tile it + S.
-        cp_async_wait<2 * kStages - 2>();
-        __syncthreads();
-        if (it + kStages < n_tiles) load_k(it + kStages);
-        cp_async_fence();
+        if constexpr (!kTogether) {
+            cp_async_wait<2 * kStages - 2>();
+            __syncthreads();
+            if (it + kStages < n_tiles) load_k(it + kStages);
+            cp_async_fence();
+        }
         Tensor sVt = make_tensor(sub_tile(smem_v, stage, warp).data(), typename WT::SmemLayoutVt{});
         gemm_rs(acc_o, tOrP, tOrVt, thr_smem_copy_V.partition_S(sVt), tiled_mma, smem_copy_V, thr_smem_copy_V);
     }
