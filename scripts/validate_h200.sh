@@ -183,7 +183,9 @@ case ${PART:-A} in
     for st in 0 2 4 5 6 7; do
       TAIL=9 step ncu_cta$st 40 env FLASH_ATTN_DECODE_CTA=$st ncu --clock-control none -k regex:"splitkv" \
         --launch-skip 2 --launch-count 1 --metrics $M $PY scripts/decode_profile_case.py ours 3
-    done ;;
+    done
+    TAIL=9 step ncu_cudnn 40 ncu --clock-control none -k regex:"sdpa|cudnn|flash" --launch-skip 2 --launch-count 1 \
+      --metrics $M $PY scripts/decode_profile_case.py cudnn 3 ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.
