@@ -151,14 +151,14 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_DECODE_CTA=0..7 (A/B, read at each call): the d128 split-KV decode with cuDNN's schedule
+// FLASH_ATTN_DECODE_CTA=0..9 (A/B, read at each call): the d128 split-KV decode with cuDNN's schedule
 // (0, unset: the wide kernel; the variants: flash_fwd_splitkv_launch.h).
 int decode_cta_stages() {
     const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
     if (env == nullptr || env[0] == '\0') return 0;
     const std::string choice(env);
-    FLASH_CHECK(choice.size() == 1 && choice[0] >= '0' && choice[0] <= '7',
-                "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'7', got '", choice, "'");
+    FLASH_CHECK(choice.size() == 1 && choice[0] >= '0' && choice[0] <= '9',
+                "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'9', got '", choice, "'");
     return choice[0] - '0';
 }
 

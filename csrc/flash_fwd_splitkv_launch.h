@@ -41,7 +41,8 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                 // A/B (session 15): cuDNN's schedule; paged / softcap / ALiBi calls keep the wide kernel.
                 const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
                 // decode_cta: 1..3 = 4 warps with 1..3 K / V buffers, 4 = 4 warps, 2 buffers, K and V
-                // together; 5 / 6 = 8 warps, 2 / 3 buffers; 7 = 8 warps, 2 buffers together.
+                // together; 5 / 6 = 8 warps, 2 / 3 buffers; 7 / 8 = 8 warps, 2 / 3 buffers together;
+                // 9 = 4 warps, 3 buffers together.
                 if (params.decode_cta > 0 && params.block_table == nullptr && !mod && params.d == 128) {
                     switch (params.decode_cta) {
                         case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
@@ -50,7 +51,9 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                         case 4: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true>>(params, stream); break;
                         case 5: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8>>(params, stream); break;
                         case 6: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8>>(params, stream); break;
-                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8, true>>(params, stream); break;
+                        case 7: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8, true>>(params, stream); break;
+                        case 8: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8, true>>(params, stream); break;
+                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true>>(params, stream); break;
                     }
                     return;
                 }

@@ -817,7 +817,7 @@ def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, mon
     assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
 
 
-# FLASH_ATTN_DECODE_CTA=1..7 (A/B-only, session 15): the d128 split-KV decode with cuDNN's schedule
+# FLASH_ATTN_DECODE_CTA=1..9 (A/B-only, session 15): the d128 split-KV decode with cuDNN's schedule
 # (128-key CTA tiles, K and V loaded by the whole CTA one tile at a time; the variants: 4 or 8
 # warps, 1-3 buffers each, K / V alternating or together; flash_fwd_splitkv_launch.h).
 # Contiguous caches without softcap / ALiBi take it; the paged / softcap / ALiBi cases here check
@@ -828,7 +828,7 @@ CTA_CASES = [c for c in KV_CASES if c[0] in (
     "decode-gqa-softcap", "decode-gqa-alibi-bh-split3")]
 
 
-@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5, 6, 7, 8, 9])
 @pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
 def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
     require_ab_kernels()
@@ -836,7 +836,7 @@ def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
     _run_kvcache(**kw)
 
 
-@pytest.mark.parametrize("stages", [1, 3, 4, 6, 7])
+@pytest.mark.parametrize("stages", [1, 3, 4, 6, 7, 8, 9])
 @pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
 def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
     require_ab_kernels()
@@ -847,7 +847,7 @@ def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatc
 def test_kvcache_decode_cta_rejects_unknown(monkeypatch):
     require_gpu()
     require_config(torch.bfloat16, 128)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", "8")
+    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", "x")
     q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
     kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises((ValueError, RuntimeError), match="FLASH_ATTN_DECODE_CTA"):
