@@ -115,8 +115,9 @@ struct FwdParams : QKVParams {
     bool decode_skip_rescale;
     bool decode_l2_prefetch;
     bool decode_pipeline_s;  // FLASH_ATTN_DECODE_PIPELINE (A/B): S of the next tile before this one's softmax
-    // FLASH_ATTN_DECODE_CTA (A/B): 0 = the wide kernel; 1..7 = cuDNN's schedule, variants listed in
-    // flash_fwd_splitkv_launch.h (flash_fwd_splitkv_cta_kernel.h; contiguous caches, no softcap / ALiBi).
+    // FLASH_ATTN_DECODE_CTA: 7 (default) = the d128 decode with cuDNN's schedule for contiguous caches
+    // without softcap / ALiBi (flash_fwd_splitkv_cta_kernel.h); 0 = the wide kernel; other values:
+    // A/B-only variants (flash_fwd_splitkv_launch.h).
     int decode_cta;
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT).
@@ -147,6 +148,9 @@ constexpr bool kBuildAbKernels = true;
 #else
 constexpr bool kBuildAbKernels = false;
 #endif
+// FLASH_ATTN_DECODE_CTA's default: the d128 decode with cuDNN's schedule, 8 warps, 2 buffers, K and V
+// together (flash_fwd_splitkv_launch.h).
+constexpr int kDecodeCtaDefault = 7;
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
 // 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.
 constexpr int kSplitKVWideSmemBytes = (16 + 8 * 3 * 2 * 16) * 128 * 2;

@@ -151,11 +151,11 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_DECODE_CTA=0..9 (A/B, read at each call): the d128 split-KV decode with cuDNN's schedule
-// (0, unset: the wide kernel; the variants: flash_fwd_splitkv_launch.h).
-int decode_cta_stages() {
+// FLASH_ATTN_DECODE_CTA=0..9 (read at each call): the d128 split-KV decode with cuDNN's schedule
+// (unset: flash::kDecodeCtaDefault; 0: the wide kernel; the A/B variants: flash_fwd_splitkv_launch.h).
+int decode_cta_variant() {
     const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
-    if (env == nullptr || env[0] == '\0') return 0;
+    if (env == nullptr || env[0] == '\0') return flash::kDecodeCtaDefault;
     const std::string choice(env);
     FLASH_CHECK(choice.size() == 1 && choice[0] >= '0' && choice[0] <= '9',
                 "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'9', got '", choice, "'");
@@ -1099,8 +1099,9 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
         require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
-        params.decode_cta = decode_cta_stages();
-        require_ab_kernels(params.decode_cta == 0, "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
+        params.decode_cta = decode_cta_variant();
+        require_ab_kernels(params.decode_cta == 0 || params.decode_cta == flash::kDecodeCtaDefault,
+                           "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {
