@@ -151,15 +151,17 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_DECODE_CTA=0..9 (read at each call): the d128 split-KV decode with cuDNN's schedule
+// FLASH_ATTN_DECODE_CTA=0..12 (read at each call): the d128 split-KV decode with cuDNN's schedule
 // (unset: flash::kDecodeCtaDefault; 0: the wide kernel; the A/B variants: flash_fwd_splitkv_launch.h).
 int decode_cta_variant() {
     const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
     if (env == nullptr || env[0] == '\0') return flash::kDecodeCtaDefault;
     const std::string choice(env);
-    FLASH_CHECK(choice.size() == 1 && choice[0] >= '0' && choice[0] <= '9',
-                "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'9', got '", choice, "'");
-    return choice[0] - '0';
+    const bool digits = !choice.empty() && choice.size() <= 2 && std::all_of(choice.begin(), choice.end(), ::isdigit);
+    const int value = digits ? std::stoi(choice) : -1;
+    FLASH_CHECK(value >= 0 && value <= 12, "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'12', got '", choice,
+                "'");
+    return value;
 }
 
 // A/B-only kernels (flash::kBuildAbKernels) are compiled only with FLASH_ATTN_AB_KERNELS=1 at build

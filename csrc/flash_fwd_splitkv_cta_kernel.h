@@ -34,14 +34,15 @@ using namespace cute;
 
 // kNWarps 4 (cuDNN's) or 8 (16 keys per warp, two warps per scheduler); kTogether: K and V of a
 // tile issued together at the top of the loop (one barrier fewer, no K / V alternation).
-template <typename Element_, int kStages_, int kNWarps_ = 4, bool kTogether_ = false>
+// kBlockN_: keys per CTA tile (128; 64 for the A/B variants with more, smaller bursts).
+template <typename Element_, int kStages_, int kNWarps_ = 4, bool kTogether_ = false, int kBlockN_ = 128>
 struct SplitKVCtaTraits {
     using Element = Element_;
     static constexpr int kHeadDim = 128;
     static constexpr int kBlockM = 16;  // packed rows per CTA
     static constexpr int kNWarps = kNWarps_;
     static constexpr int kNThreads = kNWarps * 32;
-    static constexpr int kBlockN = 128;                  // keys per CTA tile
+    static constexpr int kBlockN = kBlockN_;             // keys per CTA tile
     static constexpr int kBlockNw = kBlockN / kNWarps;   // keys per warp of a tile
     static constexpr int kStages = kStages_;
     static constexpr bool kTogether = kTogether_;

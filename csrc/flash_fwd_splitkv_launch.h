@@ -52,7 +52,8 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                 if constexpr (kBuildAbKernels) {
                     // 1..3 = 4 warps with 1..3 K / V buffers, 4 = 4 warps, 2 buffers, K and V together;
                     // 5 / 6 = 8 warps, 2 / 3 buffers; 8 = 8 warps, 3 buffers together; 9 = 4 warps,
-                    // 3 buffers together.
+                    // 3 buffers together; 10 / 11 / 12 = 4 warps x 16 keys of 64-key tiles, 4 / 3 / 6
+                    // buffers together.
                     switch (params.decode_cta) {
                         case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
                         case 2: launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream); break;
@@ -61,7 +62,10 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                         case 5: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8>>(params, stream); break;
                         case 6: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8>>(params, stream); break;
                         case 8: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8, true>>(params, stream); break;
-                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true>>(params, stream); break;
+                        case 9: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true>>(params, stream); break;
+                        case 10: launch_splitkv_cta<SplitKVCtaTraits<Element, 4, 4, true, 64>>(params, stream); break;
+                        case 11: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream); break;
+                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 6, 4, true, 64>>(params, stream); break;
                     }
                     return;
                 }
