@@ -809,6 +809,8 @@ def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, mon
     kc = torch.randn(2, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
     kw = dict(causal=causal, window_size=window, num_splits=num_splits, return_softmax_lse=True)
+    # Both on the wide kernel (the pipelining is its switch; without it, calls take the CTA-schedule default).
+    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", "0")
     monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "0")
     out0, lse0 = flash_attn_with_kvcache(q, kc, vc, **kw)
     monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "1")
