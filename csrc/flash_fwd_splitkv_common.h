@@ -15,6 +15,63 @@ namespace flash {
 
 using namespace cute;
 
+// kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
+// segment around the 16 bytes; a K/V row of d = 128 is one such segment).
+template <bool kL2Prefetch = false>
+__forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int src_size = pred ? 16 : 0;
+    if constexpr (kL2Prefetch) {
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+    } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+    }
+#endif
+}
+
+// A split's key tiles: [begin, end) in units of the kernel's tile (none when end <= begin).
+struct SplitKVTiles {
+    int begin, end;
+};
+
+// The keys packed row block p0 (kBlockM rows) can see (the sequence, cut by the causal / sliding
+// window bounds), in whole tiles of kTileKeys keys, and split `split`'s share of them.
+template <int kTileKeys, int kBlockM>
+__forceinline__ __device__ SplitKVTiles splitkv_split_tiles(const FwdParams &params, int p0, int packed_rows, int g,
+                                                            int seqlen_k, int diag, int split) {
+    const int i_first = p0 / g;
+    const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
+    int n_begin = 0, n_end = seqlen_k;
+    if (params.window_right < kWindowUnbounded) n_end = max(0, min(n_end, i_last_q + diag + params.window_right + 1));
+    if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
+    const int t_begin = n_begin / kTileKeys;
+    const int t_end = n_end > n_begin ? ceil_div(n_end, kTileKeys) : t_begin;
+    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
+    const int s_begin = t_begin + split * tiles_per_split;
+    return {s_begin, min(t_end, s_begin + tiles_per_split)};
+}
+
+// Q of packed row block p0 into sQ (cp.async, zero-filled past the last row and past d; the caller
+// fences): packed row p is (query p / g, head bidh_k * g + p % g).
+template <int kBlockM, int kHeadDim, int kNThreads, typename Element, typename TensorQ>
+__forceinline__ __device__ void splitkv_load_q(const FwdParams &params, const BlockInfo &binfo, TensorQ &sQ, int p0,
+                                               int packed_rows, int g, int bidb, int bidh_k, int tidx) {
+    using index_t = int64_t;
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+    const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
+                            binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
+    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += kNThreads) {
+        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
+        const int p = p0 + r;
+        const bool ok = p < packed_rows && c < params.d;
+        const Element *src = ok ? q_base + index_t(p / g) * params.q_row_stride +
+                                      index_t(bidh_k * g + p % g) * params.q_head_stride + c
+                                : q_base;
+        cp_async_16_zfill(&sQ(r, c), src, ok);
+    }
+}
+
 // Per-row state of this thread's kNRows packed rows (p0 + the row of coords_s_rc(mi, 0)): the
 // query index (for the causal / window mask; -1 past the end) and, with kMod, the ALiBi slope of
 // the row's query head as -slope / scale_softmax (as ScoreMod: the bias is added before scaling).

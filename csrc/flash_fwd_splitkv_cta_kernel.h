@@ -91,16 +91,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int diag = seqlen_k - seqlen_q;
 
     // Keys this row block can see, in whole CTA tiles, and this split's share of them.
-    const int i_first = p0 / g;
-    const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
-    int n_begin = 0, n_end = seqlen_k;
-    if (params.window_right < kWindowUnbounded) n_end = max(0, min(n_end, i_last_q + diag + params.window_right + 1));
-    if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
-    const int t_begin = n_begin / kBlockN;
-    const int t_end = n_end > n_begin ? ceil_div(n_end, kBlockN) : t_begin;
-    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
-    const int s_begin = t_begin + split * tiles_per_split;
-    const int n_tiles = max(0, min(t_end, s_begin + tiles_per_split) - s_begin);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const int s_begin = tiles.begin, n_tiles = max(0, tiles.end - tiles.begin);
 
     // ---- shared memory: Q | K ring (kStages x 4 warp sub-tiles) | V ring ----
     Element *smem_q = reinterpret_cast<Element *>(smem);
@@ -112,18 +104,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            typename WT::SmemLayoutKV{});
     };
 
-    // ---- Q: packed row p -> (query p / g, head bidh_k * g + p % g) ----
-    const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
-                            binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
-    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += kNThreads) {
-        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
-        const int p = p0 + r;
-        const bool ok = p < packed_rows;
-        const Element *src = ok ? q_base + index_t(p / g) * params.q_row_stride +
-                                      index_t(bidh_k * g + p % g) * params.q_head_stride + c
-                                : q_base;
-        cp_async_16_zfill(&sQ(r, c), src, ok);
-    }
+    splitkv_load_q<kBlockM, kHeadDim, kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k, tidx);
     cp_async_fence();
 
     // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
@@ -263,12 +244,7 @@ void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
     const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
-    if (params.num_splits > 1) {
-        const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
-        const dim3 grid_combine(static_cast<unsigned>((rows + 7) / 8));
-        flash_fwd_splitkv_combine_kernel<typename Traits::Element, 128><<<grid_combine, 256, 0, stream>>>(params);
-        FLASH_CHECK_LAUNCH();
-    }
+    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
 }
 
 }  // namespace flash

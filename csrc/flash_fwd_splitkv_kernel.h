@@ -25,6 +25,7 @@
 #include "flash.h"
 #include "flash_fwd_splitkv_common.h"
 #include "kernel_traits.h"
+#include "launch_check.h"
 #include "softmax.h"
 #include "utils.h"
 
@@ -71,21 +72,6 @@ template <typename Element>
 using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true>;
 static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideSmemBytes);
 
-// kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
-// segment around the 16 bytes; a K/V row of d = 128 is one such segment).
-template <bool kL2Prefetch = false>
-__forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int src_size = pred ? 16 : 0;
-    if constexpr (kL2Prefetch) {
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-    }
-#endif
-}
-
 // kSkipRescale (A/B, FLASH_ATTN_DECODE_SKIP_RESCALE=1): skip O *= exp(m_old - m_new) when no row of
 // the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
@@ -127,16 +113,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     const int diag = seqlen_k - seqlen_q;
 
     // Keys this row block can see, in whole warp tiles, and this split's share of them.
-    const int i_first = p0 / g;
-    const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
-    int n_begin = 0, n_end = seqlen_k;
-    if (params.window_right < kWindowUnbounded) n_end = max(0, min(n_end, i_last_q + diag + params.window_right + 1));
-    if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
-    const int t_begin = n_begin / kBlockNw;
-    const int t_end = n_end > n_begin ? ceil_div(n_end, kBlockNw) : t_begin;
-    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
-    const int s_begin = t_begin + split * tiles_per_split;
-    const int s_end = min(t_end, s_begin + tiles_per_split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const int s_begin = tiles.begin, s_end = tiles.end;
 
     // ---- shared memory ----
     Element *smem_q = reinterpret_cast<Element *>(smem);
@@ -151,18 +129,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                            typename WT::SmemLayoutKV{});
     };
 
-    // ---- Q: packed row p -> (query p / g, head bidh_k * g + p % g) ----
-    const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
-                            binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
-    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
-        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
-        const int p = p0 + r;
-        const bool ok = p < packed_rows && c < params.d;
-        const Element *src = ok ? q_base + index_t(p / g) * params.q_row_stride +
-                                      index_t(bidh_k * g + p % g) * params.q_head_stride + c
-                                : q_base;
-        cp_async_16_zfill(&sQ(r, c), src, ok);
-    }
+    splitkv_load_q<kBlockM, kHeadDim, Traits::kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k,
+                                                                  tidx);
     cp_async_fence();
 
     // ---- K/V rows: dense (batch stride, leftpad, kv_batch_idx, varlen offset) or paged ----
@@ -422,6 +390,16 @@ __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __
         const int c = lane + 32 * e;
         if (c < params.d) out[c] = Element(acc[e]);
     }
+}
+
+// The combine step after a split-KV kernel (nothing to do with one split).
+template <typename Element, int kHeadDim>
+void launch_splitkv_combine(FwdParams &params, cudaStream_t stream) {
+    if (params.num_splits <= 1) return;
+    const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
+    const dim3 grid_combine(static_cast<unsigned>((rows + 7) / 8));
+    flash_fwd_splitkv_combine_kernel<Element, kHeadDim><<<grid_combine, 256, 0, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
 }
 
 }  // namespace flash

@@ -109,12 +109,7 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
     kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
     FLASH_CHECK_LAUNCH();
-    if (params.num_splits > 1) {
-        const int64_t rows = int64_t(params.b) * params.h * params.seqlen_q;
-        const dim3 grid_combine(static_cast<unsigned>((rows + 7) / 8));
-        flash_fwd_splitkv_combine_kernel<Element, kHeadDim><<<grid_combine, 256, 0, stream>>>(params);
-        FLASH_CHECK_LAUNCH();
-    }
+    launch_splitkv_combine<Element, kHeadDim>(params, stream);
 }
 
 }  // namespace flash

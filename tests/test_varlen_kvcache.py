@@ -832,32 +832,24 @@ CTA_CASES = [c for c in KV_CASES if c[0] in (
     "decode-gqa-softcap", "decode-gqa-alibi-bh-split3")]
 
 
+def _select_decode_cta(variant, monkeypatch):
+    if variant not in (0, 7):  # 7: the default, 0: the wide kernel; the others are A/B-only
+        require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(variant))
+
+
 @pytest.mark.parametrize("stages", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
 @pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
 def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
-    if stages not in (0, 7):  # 7: the default, 0: the wide kernel
-        require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(stages))
+    _select_decode_cta(stages, monkeypatch)
     _run_kvcache(**kw)
 
 
 @pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12])
 @pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
 def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
-    if stages not in (0, 7):
-        require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(stages))
+    _select_decode_cta(stages, monkeypatch)
     _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, new_kv=seqlen_cache > 1, num_splits=num_splits)
-
-
-def test_kvcache_decode_cta_rejects_unknown(monkeypatch):
-    require_gpu()
-    require_config(torch.bfloat16, 128)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", "x")
-    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises((ValueError, RuntimeError), match="FLASH_ATTN_DECODE_CTA"):
-        flash_attn_with_kvcache(q, kc, kc.clone())
 
 
 # Varlen through the d64 WS backward on 128-row query blocks (the default since session 14;
@@ -869,13 +861,15 @@ def test_varlen_backward_m128(mode, mask, monkeypatch):
     _run_varlen(torch.bfloat16, 64, 257, 300, mode, mask, 6, 2)
 
 
-def test_kvcache_decode_kernel_switch_rejects_unknown(monkeypatch):
+@pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_KERNEL", "newest"), ("FLASH_ATTN_DECODE_CTA", "x"),
+                                        ("FLASH_ATTN_DECODE_CTA", "99")])
+def test_kvcache_decode_kernel_switch_rejects_unknown(var, value, monkeypatch):
     require_gpu()
     require_config(torch.bfloat16, 128)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "newest")
+    monkeypatch.setenv(var, value)
     q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
     kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises((ValueError, RuntimeError)):
+    with pytest.raises((ValueError, RuntimeError), match=var):
         flash_attn_with_kvcache(q, kc, kc.clone())
 
 

@@ -31,7 +31,7 @@
 #include "../block_info.h"
 #include "../flash.h"
 #include "../flash_fwd_splitkv_common.h"
-#include "../flash_fwd_splitkv_kernel.h"  // cp_async_16_zfill
+#include "../flash_fwd_splitkv_kernel.h"  // the combine kernel
 #include "../kernel_traits.h"
 #include "../softmax.h"
 #include "../utils.h"
@@ -108,16 +108,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     const int diag = seqlen_k - seqlen_q;
 
     // Keys this row block can see, in whole warp tiles, and this split's share of them.
-    const int i_first = p0 / g;
-    const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
-    int n_begin = 0, n_end = seqlen_k;
-    if (params.window_right < kWindowUnbounded) n_end = max(0, min(n_end, i_last_q + diag + params.window_right + 1));
-    if (params.window_left < kWindowUnbounded) n_begin = max(0, i_first + diag - params.window_left);
-    const int t_begin = n_begin / kBlockNw;
-    const int t_end = n_end > n_begin ? ceil_div(n_end, kBlockNw) : t_begin;
-    const int tiles_per_split = ceil_div(t_end - t_begin, params.num_splits);
-    const int s_begin = t_begin + split * tiles_per_split;
-    const int s_end = min(t_end, s_begin + tiles_per_split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const int s_begin = tiles.begin, s_end = tiles.end;
     // This warp's tiles: s_begin + warp, + kNWarps, ... (all < t_end, so each has >= 1 key < seqlen_k).
     const int my_first = s_begin + warp;
     const int my_count = my_first < s_end ? ceil_div(s_end - my_first, kNWarps) : 0;
@@ -134,17 +126,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
 
     // ---- Q: packed row p -> (query p / g, head bidh_k * g + p % g); cp.async, read once into registers ----
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename WT::SmemLayoutQ{});
-    const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
-                            binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
-    for (int idx = tidx; idx < kBlockM * kChunksPerRow; idx += Traits::kNThreads) {
-        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
-        const int p = p0 + r;
-        const bool ok = p < packed_rows;
-        const Element *src = ok ? q_base + index_t(p / g) * params.q_row_stride +
-                                      index_t(bidh_k * g + p % g) * params.q_head_stride + c
-                                : q_base;
-        cp_async_16_zfill(&sQ(r, c), src, ok);
-    }
+    splitkv_load_q<kBlockM, kHeadDim, Traits::kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k,
+                                                                  tidx);
     cp_async_fence();
 
     // ---- K/V rows: dense (batch stride, leftpad, kv_batch_idx, varlen offset) or paged ----
