@@ -72,6 +72,19 @@ __forceinline__ __device__ void splitkv_load_q(const FwdParams &params, const Bl
     }
 }
 
+// Online-softmax step of one warp tile that skips O *= exp(m_old - m_new) when no row of the tile
+// raised its running max (a warp vote; after the first tiles the max rarely moves). Multiplying by 1
+// is exact, so the result is bitwise that of softmax.update.
+template <typename Softmax, typename TensorS, typename TensorO>
+__forceinline__ __device__ void splitkv_softmax_update_skip_rescale(Softmax &softmax, TensorS &acc_s, TensorO &acc_o,
+                                                                    float scale_log2) {
+    const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, scale_log2);
+    bool moved = false;
+    CUTE_UNROLL
+    for (int mi = 0; mi < size(rescale); ++mi) { moved |= rescale(mi) != 1.f; }
+    if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+}
+
 // Per-row state of this thread's kNRows packed rows (p0 + the row of coords_s_rc(mi, 0)): the
 // query index (for the causal / window mask; -1 past the end) and, with kMod, the ALiBi slope of
 // the row's query head as -slope / scale_softmax (as ScoreMod: the bias is added before scaling).

@@ -207,12 +207,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         splitkv_mod_and_mask<false, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope,
                                               (s_begin + it) * kBlockN + warp * kBlockNw, seqlen_k, diag,
                                               needs_row_mask, params);
-        // Skip O *= exp(m_old - m_new) when no row of the warp's tile raised its max (bitwise the same).
-        const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, params.scale_softmax_log2);
-        bool moved = false;
-        CUTE_UNROLL
-        for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
-        if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+        splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         // B: V(it) landed (after it: K / V of it + 1 .. it + S - 1 -> 2 S - 2 groups); every warp

@@ -247,11 +247,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
                                              needs_row_mask, params);
         if constexpr (kSkipRescale) {
-            const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, params.scale_softmax_log2);
-            bool moved = false;
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
-            if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+            splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
         } else {
             softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
         }
@@ -290,11 +286,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
             splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k,
                                                  diag, needs_row_mask, params);
             if constexpr (kSkipRescale) {
-                const auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s, params.scale_softmax_log2);
-                bool moved = false;
-                CUTE_UNROLL
-                for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
-                if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
+                splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
             } else {
                 softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
             }
