@@ -148,9 +148,9 @@ constexpr bool kBuildAbKernels = true;
 #else
 constexpr bool kBuildAbKernels = false;
 #endif
-// FLASH_ATTN_DECODE_CTA's default: the d128 decode with cuDNN's schedule, 8 warps, 2 buffers, K and V
-// together (flash_fwd_splitkv_launch.h).
-constexpr int kDecodeCtaDefault = 7;
+// FLASH_ATTN_DECODE_CTA's default: the d128 decode with cuDNN's schedule, 64-key CTA tiles, 4 warps x
+// 16 keys, 3 buffers, K and V together (flash_fwd_splitkv_launch.h).
+constexpr int kDecodeCtaDefault = 11;
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
 // 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.
 constexpr int kSplitKVWideSmemBytes = (16 + 8 * 3 * 2 * 16) * 128 * 2;

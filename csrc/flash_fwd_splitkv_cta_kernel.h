@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr bool kTogether = Traits::kTogether;
     constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
     constexpr int kRowsPerPass = kNThreads / kChunksPerRow;  // rows of a tile one pass of the CTA loads
-    static_assert(kBlockNw % kRowsPerPass == 0);
+    static_assert(kBlockN % kRowsPerPass == 0);
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;

@@ -38,22 +38,23 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
     if constexpr (kHeadDim == 128) {
         if (params.splitkv_wide) {
             // Contiguous caches without softcap / ALiBi (and without the wide kernel's A/B switches):
-            // cuDNN's schedule, 8 warps x 16 keys of 128-key CTA tiles, K and V of a tile issued
-            // together, 2 buffers (session 15: +0.4-1.1% over the wide kernel, DRAM 93.5 -> 95.7% of
-            // peak; flash_fwd_splitkv_cta_kernel.h). params.decode_cta: 7 (the default), 0 = the wide
-            // kernel, other values = A/B-only variants (FLASH_ATTN_AB_KERNELS=1 builds).
+            // cuDNN's schedule, 4 warps x 16 keys of 64-key CTA tiles, K and V of a tile issued
+            // together, 3 buffers (session 15: +0.5-1.3% over the wide kernel, 1.000 / 0.998 / 1.004
+            // of cuDNN in its A/B; flash_fwd_splitkv_cta_kernel.h). params.decode_cta: 11 (the
+            // default), 0 = the wide kernel, other values = A/B-only variants (FLASH_ATTN_AB_KERNELS=1).
             const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
             const bool wide_ab = !params.decode_skip_rescale || params.decode_l2_prefetch || params.decode_pipeline_s;
             if (params.decode_cta > 0 && params.block_table == nullptr && !mod && !wide_ab && params.d == 128) {
                 if (params.decode_cta == kDecodeCtaDefault) {
-                    launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8, true>>(params, stream);
+                    launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
                     return;
                 }
                 if constexpr (kBuildAbKernels) {
-                    // 1..3 = 4 warps with 1..3 K / V buffers, 4 = 4 warps, 2 buffers, K and V together;
-                    // 5 / 6 = 8 warps, 2 / 3 buffers; 8 = 8 warps, 3 buffers together; 9 = 4 warps,
-                    // 3 buffers together; 10 / 11 / 12 = 4 warps x 16 keys of 64-key tiles, 4 / 3 / 6
-                    // buffers together.
+                    // 1..3 = 4 warps x 32 keys of 128-key tiles, 1..3 buffers, K / V alternating; 4 = 4
+                    // warps, 2 buffers, together; 5 / 6 = 8 warps x 16 keys, 2 / 3 buffers alternating;
+                    // 7 / 8 = 8 warps, 2 / 3 buffers together (7: session 15's first default); 9 = 4
+                    // warps, 3 buffers together; 10 / 12 / 13 = 4 warps x 16 keys of 64-key tiles, 4 / 6
+                    // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers.
                     switch (params.decode_cta) {
                         case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
                         case 2: launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream); break;
@@ -64,8 +65,11 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                         case 8: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8, true>>(params, stream); break;
                         case 9: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true>>(params, stream); break;
                         case 10: launch_splitkv_cta<SplitKVCtaTraits<Element, 4, 4, true, 64>>(params, stream); break;
-                        case 11: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream); break;
-                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 6, 4, true, 64>>(params, stream); break;
+                        case 7: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8, true>>(params, stream); break;
+                        case 12: launch_splitkv_cta<SplitKVCtaTraits<Element, 6, 4, true, 64>>(params, stream); break;
+                        case 13: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true, 64>>(params, stream); break;
+                        case 14: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 6, true, 96>>(params, stream); break;
+                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
                     }
                     return;
                 }

@@ -177,10 +177,10 @@ case ${PART:-A} in
     export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
     built || build
     TAIL=3 step test_cta 90 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only or test_kvcache"
-    TAIL=6 step decode_cta_ab 150 $PY scripts/decode_variants_ab.py --rounds 7 --modes skip,cta7,cta10,cta11,cta12
+    TAIL=6 step decode_cta_ab 150 $PY scripts/decode_variants_ab.py --rounds 7 --modes skip,cta7,cta11,cta13,cta14,cta15
     M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__cycles_active.avg,sm__cycles_active.max
     M=$M,smsp__inst_executed.sum
-    for st in 7 10; do
+    for st in 11 13 14; do
       TAIL=9 step ncu_cta$st 40 env FLASH_ATTN_DECODE_CTA=$st ncu --clock-control none -k regex:"splitkv" \
         --launch-skip 2 --launch-count 1 --metrics $M $PY scripts/decode_profile_case.py ours 3
     done

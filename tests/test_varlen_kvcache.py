@@ -820,9 +820,9 @@ def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, mon
 
 
 # FLASH_ATTN_DECODE_CTA (session 15): the d128 split-KV decode with cuDNN's schedule (128-key CTA
-# tiles, K and V loaded by the whole CTA one tile at a time). 7 is the default (8 warps, 2 buffers,
-# K and V together), 0 the wide kernel; the A/B-only variants (FLASH_ATTN_AB_KERNELS=1 builds):
-# 4 or 8 warps, 1-6 buffers each, K / V alternating or together, 128- or 64-key tiles
+# tiles, K and V loaded by the whole CTA one tile at a time). 11 is the default (64-key tiles, 4 warps,
+# 3 buffers, K and V together), 0 the wide kernel; the A/B-only variants (FLASH_ATTN_AB_KERNELS=1 builds):
+# 4, 6 or 8 warps, 1-6 buffers each, K / V alternating or together, 128-, 96- or 64-key tiles
 # (flash_fwd_splitkv_launch.h).
 # Contiguous caches without softcap / ALiBi take it; the paged / softcap / ALiBi cases here check
 # that those calls still run the wide kernel.
@@ -833,19 +833,19 @@ CTA_CASES = [c for c in KV_CASES if c[0] in (
 
 
 def _select_decode_cta(variant, monkeypatch):
-    if variant not in (0, 7):  # 7: the default, 0: the wide kernel; the others are A/B-only
+    if variant not in (0, 11):  # 11: the default, 0: the wide kernel; the others are A/B-only
         require_ab_kernels()
     monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(variant))
 
 
-@pytest.mark.parametrize("stages", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+@pytest.mark.parametrize("stages", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 @pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
 def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
     _select_decode_cta(stages, monkeypatch)
     _run_kvcache(**kw)
 
 
-@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12])
+@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 @pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
 def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
     _select_decode_cta(stages, monkeypatch)
