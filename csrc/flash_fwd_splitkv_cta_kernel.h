@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const index_t v_dense = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
     const Element *k_head = reinterpret_cast<const Element *>(params.k_ptr) + k_dense;
     const Element *v_head = reinterpret_cast<const Element *>(params.v_ptr) + v_dense;
+    const uint64_t kv_policy = params.kv_l2_policy;
     const int load_row = tidx / kChunksPerRow, load_col = (tidx % kChunksPerRow) * 8;
     auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage) {
         const int key0 = tile * kBlockN + load_row;
@@ -122,7 +123,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int r = load_row + j * kRowsPerPass;  // row of the tile
             const bool ok = key0 + j * kRowsPerPass < seqlen_k;
             Tensor s = sub_tile(ring, stage, r / kBlockNw);
-            cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok);
+            cp_async_16_zfill_policy(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
+                                     ok, kv_policy);
         }
     };
     auto load_k = [&](int it) { load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages); };

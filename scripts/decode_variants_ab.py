@@ -7,7 +7,12 @@ default), skip + pf, skip + pipeline, cta1 .. cta15 (cuDNN's schedule: FLASH_ATT
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-    python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta1,...]
+A mode name may carry suffixes: "+ef" (FLASH_ATTN_DECODE_EVICT_FIRST=1: K / V loads with L2 policy
+EVICT_FIRST), ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache (the sm_90a
+bulk-copy kernel). --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
+instead of do_bench's zero fill (dirty lines, written back during the timed kernel).
+
+    python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta11,cta11+ef,cta11:s2,paged,...] [--clean]
 """
 import argparse
 import os
@@ -36,35 +41,88 @@ MODES = tuple(MODE_ENV)
 AB_ONLY = ("skip+pipe",) + tuple("cta%d" % i for i in range(1, 16) if i != 11)
 
 
+PAGE = 16
+
+
+def parse_mode(mode):
+    """(base mode, evict_first, num_splits) of a mode name such as "cta11+ef:s2"."""
+    name, _, splits = mode.partition(":s")
+    ef = name.endswith("+ef")
+    return (name[:-3] if ef else name), ef, int(splits or 0)
+
+
 def set_mode(mode):
-    for var, value in zip(VARS, MODE_ENV[mode]):
+    base, ef, _ = parse_mode(mode)
+    for var, value in zip(VARS, MODE_ENV["skip" if base == "paged" else base]):
         os.environ[var] = value
+    os.environ["FLASH_ATTN_DECODE_EVICT_FIRST"] = "1" if ef else "0"
+
+
+def paged_copy(k, v):
+    """k, v as shuffled 16-token pages and the block table."""
+    b, s = k.shape[:2]
+    nblk = (s + PAGE - 1) // PAGE
+    perm = torch.randperm(b * nblk, device=k.device)
+    out = []
+    for t in (k, v):
+        t = F.pad(t, (0, 0, 0, 0, 0, nblk * PAGE - s)).reshape(b * nblk, PAGE, *t.shape[2:])
+        t2 = torch.empty_like(t)
+        t2[perm] = t
+        out.append(t2)
+    return out[0], out[1], perm.view(b, nblk).to(torch.int32)
+
+
+def bench_clean(fn, flush, reps=40):
+    """Median ms of fn after an L2 flush that reads (not writes) a 256 MB buffer."""
+    for _ in range(3):
+        fn()
+    ts = []
+    for _ in range(reps):
+        flush.sum()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", default="", help="comma-separated mode names (default: all that are built)")
+    ap.add_argument("--clean", action="store_true", help="also time with a read-only L2 flush")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__)
     import flash_attn._C as ext
 
-    modes = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY]
-    if args.modes:
-        modes = [m for m in modes if m in args.modes.split(",")]
+    built = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY] + ["paged"]
+    modes = [m for m in args.modes.split(",") if parse_mode(m)[0] in built] if args.modes else built
     for b, s in ((16, 4096), (16, 32768), (4, 131072)):
         torch.manual_seed(b + s)
         q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
+        kp, vp, table = paged_copy(k, v) if any(parse_mode(m)[0] == "paged" for m in modes) else (None, None, None)
+        seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+
+        def call(mode, **kw):
+            base, _, splits = parse_mode(mode)
+            if base == "paged":
+                return flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table,
+                                               num_splits=splits, **kw)
+            return flash_attn_with_kvcache(q, k, v, num_splits=splits, **kw)
+
         outs = {}
         for mode in modes:
             set_mode(mode)
-            outs[mode] = flash_attn_with_kvcache(q, k, v, return_softmax_lse=True)
+            outs[mode] = call(mode, return_softmax_lse=True)
         ref = outs[modes[0]]
-        same = all(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]) for m, o in outs.items()
-                   if not m.startswith("cta"))
-        diff = max([(o[0].float() - ref[0].float()).abs().max().item() for m, o in outs.items() if m.startswith("cta")],
+        # The wide kernel's switches keep results bitwise; other kernels / split counts: max difference.
+        bitwise = [m for m in modes if parse_mode(m)[0] in ("plain", "skip", "skip+pf", "skip+pipe") and parse_mode(m)[2] == 0]
+        same = all(torch.equal(outs[m][0], ref[0]) and torch.equal(outs[m][1], ref[1]) for m in bitwise)
+        diff = max([(o[0].float() - ref[0].float()).abs().max().item() for m, o in outs.items() if m not in bitwise],
                    default=0.0)
         qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -75,23 +133,31 @@ def main():
         def ours(mode):
             def f():
                 set_mode(mode)
-                flash_attn_with_kvcache(q, k, v)
+                call(mode)
             return f
 
         fns = {m: ours(m) for m in modes}
         fns["cudnn"] = cudnn
         times = {n: [] for n in fns}
+        clean = {n: [] for n in fns}
+        flush = torch.randn(64 * 1024 * 1024, device="cuda") if args.clean else None  # 256 MB
         for _ in range(args.rounds):
             for n, f in fns.items():
                 try:
                     times[n].append(do_bench(f, warmup=25, rep=200))
+                    if args.clean:
+                        clean[n].append(bench_clean(f, flush))
                 except Exception as e:  # noqa: BLE001
                     print("  %s failed: %s" % (n, str(e).splitlines()[0]))
         gb = 2 * k.numel() * k.element_size() / 1e9
         cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in times.items() if t]
-        print("b=%-3d s=%-7d bitwise equal: %s, cta max diff %.2e   GB/s: %s" % (b, s, same, diff, "  ".join(cells)),
+        print("b=%-3d s=%-7d bitwise equal: %s, others' max diff %.2e   GB/s: %s" % (b, s, same, diff, "  ".join(cells)),
               flush=True)
-    for var in VARS:
+        if args.clean:
+            cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in clean.items() if t]
+            print("      read-only L2 flush           GB/s: %s" % "  ".join(cells), flush=True)
+        del kp, vp, flush
+    for var in VARS + ("FLASH_ATTN_DECODE_EVICT_FIRST",):
         os.environ.pop(var, None)
 
 
