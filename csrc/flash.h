@@ -115,13 +115,7 @@ struct FwdParams : QKVParams {
     bool decode_skip_rescale;
     bool decode_l2_prefetch;
     bool decode_pipeline_s;  // FLASH_ATTN_DECODE_PIPELINE (A/B): S of the next tile before this one's softmax
-    // L2 cache policy of the decode kernels' K / V loads (the cache-policy operand of cp.async /
-    // cp.async.bulk: CuTe's TMA::CacheHintSm90 values), set by the binding from
-    // FLASH_ATTN_DECODE_EVICT_FIRST: EVICT_FIRST streams the cache through L2 without pushing out
-    // the lines already there (each K / V byte is read once per decode step), EVICT_NORMAL is the
-    // plain load. Used by the CTA-schedule and sm_90a decode kernels.
-    uint64_t kv_l2_policy;
-    // FLASH_ATTN_DECODE_CTA: 11 (default) = the d128 decode with cuDNN's schedule for contiguous caches
+    // FLASH_ATTN_DECODE_CTA: 7 (default) = the d128 decode with cuDNN's schedule for contiguous caches
     // without softcap / ALiBi (flash_fwd_splitkv_cta_kernel.h); 0 = the wide kernel; other values:
     // A/B-only variants (flash_fwd_splitkv_launch.h).
     int decode_cta;
@@ -157,10 +151,6 @@ constexpr bool kBuildAbKernels = false;
 // FLASH_ATTN_DECODE_CTA's default: the d128 decode with cuDNN's schedule, 64-key CTA tiles, 4 warps x
 // 16 keys, 3 buffers, K and V together (flash_fwd_splitkv_launch.h).
 constexpr int kDecodeCtaDefault = 11;
-// L2 cache-policy operands (FwdParams::kv_l2_policy); the values of CuTe's TMA::CacheHintSm90
-// (checked in flash_fwd_splitkv_common.h), spelled here so that the binding needs no CuTe header.
-constexpr uint64_t kL2EvictNormal = 0x1000000000000000ull;
-constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
 // 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.
 constexpr int kSplitKVWideSmemBytes = (16 + 8 * 3 * 2 * 16) * 128 * 2;

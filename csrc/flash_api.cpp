@@ -151,11 +151,7 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_DECODE_EVICT_FIRST=0|1 (read at each call, for A/B timing): the decode kernels' K / V
-// loads with L2 policy EVICT_FIRST or the plain one (FwdParams::kv_l2_policy).
-constexpr bool kDecodeEvictFirstDefault = false;
-
-// FLASH_ATTN_DECODE_CTA=0..15 (read at each call): the d128 split-KV decode with cuDNN's schedule
+// FLASH_ATTN_DECODE_CTA=0..20 (read at each call): the d128 split-KV decode with cuDNN's schedule
 // (unset: flash::kDecodeCtaDefault; 0: the wide kernel; the A/B variants: flash_fwd_splitkv_launch.h).
 int decode_cta_variant() {
     const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
@@ -163,7 +159,7 @@ int decode_cta_variant() {
     const std::string choice(env);
     const bool digits = !choice.empty() && choice.size() <= 2 && std::all_of(choice.begin(), choice.end(), ::isdigit);
     const int value = digits ? std::stoi(choice) : -1;
-    FLASH_CHECK(value >= 0 && value <= 15, "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'15', got '", choice,
+    FLASH_CHECK(value >= 0 && value <= 20, "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'20', got '", choice,
                 "'");
     return value;
 }
@@ -1106,8 +1102,6 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
         require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
         params.decode_cta = decode_cta_variant();
-        params.kv_l2_policy = env_switch("FLASH_ATTN_DECODE_EVICT_FIRST", kDecodeEvictFirstDefault) ? flash::kL2EvictFirst
-                                                                                                  : flash::kL2EvictNormal;
         require_ab_kernels(params.decode_cta == 0 || params.decode_cta == flash::kDecodeCtaDefault,
                            "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
         const int ctas = static_cast<int>(b * h_k) * m_blocks;

@@ -4,7 +4,6 @@
 // output. Both kernels give each warp its own keys, 16 packed rows and its own online softmax.
 #pragma once
 
-#include <cute/arch/copy_sm90_desc.hpp>  // TMA::CacheHintSm90
 #include <cute/tensor.hpp>
 
 #include "block_info.h"
@@ -28,33 +27,6 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
     } else {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
     }
-#endif
-}
-
-static_assert(kL2EvictNormal == uint64_t(TMA::CacheHintSm90::EVICT_NORMAL) &&
-              kL2EvictFirst == uint64_t(TMA::CacheHintSm90::EVICT_FIRST));
-
-// cp_async_16_zfill with an L2 cache-policy operand (flash::FwdParams::kv_l2_policy).
-__forceinline__ __device__ void cp_async_16_zfill_policy(void *smem, const void *gmem, bool pred, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int src_size = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_size), "l"(policy));
-#endif
-}
-
-// SM90_BULK_COPY_G2S (CuTe's 1-D bulk copy, completion counted on an mbarrier) with an L2
-// cache-policy operand, which CuTe's atom does not take.
-__forceinline__ __device__ void bulk_copy_g2s_policy(const void *gmem, uint64_t *mbar, void *smem, int bytes,
-                                                     uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(mbar));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(s),
-        "l"(gmem), "r"(bytes), "r"(b), "l"(policy)
-        : "memory");
 #endif
 }
 

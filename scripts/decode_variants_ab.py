@@ -3,16 +3,15 @@
 d128 decode shapes of issue 4, next to SDPA cuDNN: bf16, 32 query / 8 KV heads, 1 query token;
 batch 16 at 4k and 32k keys, batch 4 at 128k. Variants of FLASH_ATTN_DECODE_SKIP_RESCALE /
 FLASH_ATTN_DECODE_L2_PREFETCH / FLASH_ATTN_DECODE_PIPELINE / FLASH_ATTN_DECODE_CTA: plain, skip (the
-default), skip + pf, skip + pipeline, cta1 .. cta15 (cuDNN's schedule: FLASH_ATTN_DECODE_CTA's variants).
+default), skip + pf, skip + pipeline, cta1 .. cta20 (cuDNN's schedule: FLASH_ATTN_DECODE_CTA's variants).
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-A mode name may carry suffixes: "+ef" (FLASH_ATTN_DECODE_EVICT_FIRST=1: K / V loads with L2 policy
-EVICT_FIRST), ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache (the sm_90a
+A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache (the sm_90a
 bulk-copy kernel). --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
 instead of do_bench's zero fill (dirty lines, written back during the timed kernel).
 
-    python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta11,cta11+ef,cta11:s2,paged,...] [--clean]
+    python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta11,cta11:s2,paged,...] [--clean]
 """
 import argparse
 import os
@@ -36,26 +35,25 @@ MODE_ENV = {"plain": ("0", "0", "0", "0"), "skip": ("1", "0", "0", "0"), "skip+p
             "cta9": ("1", "0", "0", "9"), "cta10": ("1", "0", "0", "10"), "cta11": ("1", "0", "0", "11"),
             "cta12": ("1", "0", "0", "12"), "cta13": ("1", "0", "0", "13"), "cta14": ("1", "0", "0", "14"),
             "cta15": ("1", "0", "0", "15")}
+MODE_ENV.update({"cta%d" % i: ("1", "0", "0", str(i)) for i in range(16, 21)})
 MODES = tuple(MODE_ENV)
 # FLASH_ATTN_AB_KERNELS=1 builds (the default build has the wide kernel and the CTA default only)
-AB_ONLY = ("skip+pipe",) + tuple("cta%d" % i for i in range(1, 16) if i != 11)
+AB_ONLY = ("skip+pipe",) + tuple("cta%d" % i for i in range(1, 21) if i != 11)
 
 
 PAGE = 16
 
 
 def parse_mode(mode):
-    """(base mode, evict_first, num_splits) of a mode name such as "cta11+ef:s2"."""
+    """(base mode, num_splits) of a mode name such as "cta11:s2"."""
     name, _, splits = mode.partition(":s")
-    ef = name.endswith("+ef")
-    return (name[:-3] if ef else name), ef, int(splits or 0)
+    return name, int(splits or 0)
 
 
 def set_mode(mode):
-    base, ef, _ = parse_mode(mode)
+    base = parse_mode(mode)[0]
     for var, value in zip(VARS, MODE_ENV["skip" if base == "paged" else base]):
         os.environ[var] = value
-    os.environ["FLASH_ATTN_DECODE_EVICT_FIRST"] = "1" if ef else "0"
 
 
 def paged_copy(k, v):
@@ -108,7 +106,7 @@ def main():
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
 
         def call(mode, **kw):
-            base, _, splits = parse_mode(mode)
+            base, splits = parse_mode(mode)
             if base == "paged":
                 return flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table,
                                                num_splits=splits, **kw)
@@ -120,7 +118,7 @@ def main():
             outs[mode] = call(mode, return_softmax_lse=True)
         ref = outs[modes[0]]
         # The wide kernel's switches keep results bitwise; other kernels / split counts: max difference.
-        bitwise = [m for m in modes if parse_mode(m)[0] in ("plain", "skip", "skip+pf", "skip+pipe") and parse_mode(m)[2] == 0]
+        bitwise = [m for m in modes if parse_mode(m)[0] in ("plain", "skip", "skip+pf", "skip+pipe") and parse_mode(m)[1] == 0]
         same = all(torch.equal(outs[m][0], ref[0]) and torch.equal(outs[m][1], ref[1]) for m in bitwise)
         diff = max([(o[0].float() - ref[0].float()).abs().max().item() for m, o in outs.items() if m not in bitwise],
                    default=0.0)
@@ -157,7 +155,7 @@ def main():
             cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in clean.items() if t]
             print("      read-only L2 flush           GB/s: %s" % "  ".join(cells), flush=True)
         del kp, vp, flush
-    for var in VARS + ("FLASH_ATTN_DECODE_EVICT_FIRST",):
+    for var in VARS:
         os.environ.pop(var, None)
 
 

@@ -171,15 +171,14 @@ case ${PART:-A} in
     TAIL=16 step grid_m128 45 env FLASH_ATTN_BWD_WS_M128=1 $PY benchmarks/benchmark_attn.py --backends ours,cudnn \
       --headdims 64 --out /tmp/gm ;;
   CT)
-    # Sessions 15-16: the d128 decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA) and the K / V loads
-    # with L2 policy EVICT_FIRST (FLASH_ATTN_DECODE_EVICT_FIRST); d128 bf16 A/B build; their tests;
-    # A/B against the wide kernel, the paged kernel and cuDNN, with do_bench's dirty-L2 flush and a
-    # read-only one.
+    # Sessions 15-16: the d128 decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA); d128 bf16 A/B
+    # build; its tests; A/B against the wide kernel (and CT_MODES: the paged kernel, split counts)
+    # and cuDNN, with do_bench's dirty-L2 flush and a read-only one.
     export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
     built || build
-    TAIL=3 step test_cta 120 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only or test_kvcache or evict_first"
-    TAIL=8 step decode_cta_ab 300 $PY scripts/decode_variants_ab.py --rounds 7 --clean \
-      --modes ${CT_MODES:-skip,cta7,cta11,cta11+ef,cta13,cta13+ef,cta14,cta15,cta11:s2,cta11+ef:s2,paged,paged+ef} ;;
+    TAIL=3 step test_cta 120 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only or test_kvcache"
+    TAIL=8 step decode_cta_ab 300 $PY scripts/decode_variants_ab.py --rounds ${CT_ROUNDS:-7} --clean \
+      --modes ${CT_MODES:-skip,cta11,cta14,cta16,cta17,cta18,cta19,cta20} ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.

@@ -822,8 +822,8 @@ def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, mon
 # FLASH_ATTN_DECODE_CTA (session 15): the d128 split-KV decode with cuDNN's schedule (128-key CTA
 # tiles, K and V loaded by the whole CTA one tile at a time). 11 is the default (64-key tiles, 4 warps,
 # 3 buffers, K and V together), 0 the wide kernel; the A/B-only variants (FLASH_ATTN_AB_KERNELS=1 builds):
-# 4, 6 or 8 warps, 1-6 buffers each, K / V alternating or together, 128-, 96- or 64-key tiles
-# (flash_fwd_splitkv_launch.h).
+# 2, 3, 4, 6 or 8 warps, 1-6 buffers each, K / V alternating or together, 128-, 96-, 64-, 48- or 32-key
+# tiles, with or without the .L2::256B hint (flash_fwd_splitkv_launch.h).
 # Contiguous caches without softcap / ALiBi take it; the paged / softcap / ALiBi cases here check
 # that those calls still run the wide kernel.
 CTA_CASES = [c for c in KV_CASES if c[0] in (
@@ -838,51 +838,18 @@ def _select_decode_cta(variant, monkeypatch):
     monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(variant))
 
 
-@pytest.mark.parametrize("stages", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+@pytest.mark.parametrize("stages", list(range(21)))
 @pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
 def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
     _select_decode_cta(stages, monkeypatch)
     _run_kvcache(**kw)
 
 
-@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20])
 @pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
 def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
     _select_decode_cta(stages, monkeypatch)
     _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, new_kv=seqlen_cache > 1, num_splits=num_splits)
-
-
-# FLASH_ATTN_DECODE_EVICT_FIRST (session 16): the decode kernels' K / V loads with L2 policy
-# EVICT_FIRST. A cache policy changes no value: bitwise the same out and LSE as the plain loads, for
-# the CTA-schedule kernel (contiguous d128), the sm_90a bulk-copy kernel (paged, d64 and d128) and
-# the wide kernel (softcap), with and without splits.
-@pytest.mark.parametrize("d, page, softcap", [(128, None, 0.0), (128, 16, 0.0), (64, 16, 0.0), (128, None, 5.0)])
-@pytest.mark.parametrize("sk, num_splits", [(1, 0), (113, 1), (1023, 3), (5000, 0)])
-def test_kvcache_decode_evict_first_bitwise(d, page, softcap, sk, num_splits, monkeypatch):
-    require_config(torch.bfloat16, d)
-    torch.manual_seed(sk + d)
-    b = 3
-    q = torch.randn(b, 1, 32, d, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(b, sk, 8, d, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    kw = dict(num_splits=num_splits, softcap=softcap, return_softmax_lse=True)
-    if page is not None:
-        nblk = (sk + page - 1) // page
-        pad = (0, 0, 0, 0, 0, nblk * page - sk)
-        kc = torch.nn.functional.pad(kc, pad).reshape(b * nblk, page, 8, d)
-        vc = torch.nn.functional.pad(vc, pad).reshape(b * nblk, page, 8, d)
-        perm = torch.randperm(b * nblk, device="cuda")
-        kc, vc = kc[perm], vc[perm]
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(b * nblk, device="cuda")
-        kw.update(block_table=inv.view(b, nblk).to(torch.int32),
-                  cache_seqlens=torch.full((b,), sk, dtype=torch.int32, device="cuda"))
-    monkeypatch.setenv("FLASH_ATTN_DECODE_EVICT_FIRST", "0")
-    out0, lse0 = flash_attn_with_kvcache(q, kc, vc, **kw)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_EVICT_FIRST", "1")
-    out1, lse1 = flash_attn_with_kvcache(q, kc, vc, **kw)
-    assert not torch.isnan(out1).any()
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
 
 
 # Varlen through the d64 WS backward on 128-row query blocks (the default since session 14;
@@ -895,7 +862,7 @@ def test_varlen_backward_m128(mode, mask, monkeypatch):
 
 
 @pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_KERNEL", "newest"), ("FLASH_ATTN_DECODE_CTA", "x"),
-                                        ("FLASH_ATTN_DECODE_CTA", "99"), ("FLASH_ATTN_DECODE_EVICT_FIRST", "2")])
+                                        ("FLASH_ATTN_DECODE_CTA", "99")])
 def test_kvcache_decode_kernel_switch_rejects_unknown(var, value, monkeypatch):
     require_gpu()
     require_config(torch.bfloat16, 128)

@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     // Lane l copies the rows of key l % kBlockNw of each tile: K and/or V (rows lane + 32 j of the
     // stage's 2 * kBlockNw rows, K first).
     const int lane_key = lane % kBlockNw;
-    const uint64_t kv_policy = params.kv_l2_policy;
     // Paged: the block-table entry of this lane's key in a tile; loaded one tile ahead (page holds
     // the entry of the next tile to issue), so the dependent load never stalls the copy issue.
     auto page_of = [&](int tile) {
@@ -178,7 +177,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
             const bool is_v = lane + 32 * j >= kBlockNw;
             Element *dst = stage_k + (is_v ? kTileElems : 0) + lane_key * Traits::kSmemRowStride;
             if (key < seqlen_k) {
-                bulk_copy_g2s_policy(is_v ? v_ptr + v_off : k_ptr + k_off, bar, dst, kRowBytes, kv_policy);
+                SM90_BULK_COPY_G2S::copy(is_v ? v_ptr + v_off : k_ptr + k_off, bar, dst, kRowBytes);
             } else {
                 CUTE_UNROLL
                 for (int c = 0; c < kRowBytes / 16; ++c) { reinterpret_cast<uint4 *>(dst)[c] = make_uint4(0, 0, 0, 0); }
