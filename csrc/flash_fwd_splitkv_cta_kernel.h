@@ -35,10 +35,7 @@ using namespace cute;
 // kNWarps 4 (cuDNN's) or 8 (16 keys per warp, two warps per scheduler); kTogether: K and V of a
 // tile issued together at the top of the loop (one barrier fewer, no K / V alternation).
 // kBlockN_: keys per CTA tile (128; 64 for the A/B variants with more, smaller bursts).
-// kL2Prefetch: the K / V cp.async with the .L2::256B prefetch-size hint (a d = 128 row is one
-// 256-byte segment: one DRAM request per row instead of two 128-byte ones).
-template <typename Element_, int kStages_, int kNWarps_ = 4, bool kTogether_ = false, int kBlockN_ = 128,
-          bool kL2Prefetch_ = false>
+template <typename Element_, int kStages_, int kNWarps_ = 4, bool kTogether_ = false, int kBlockN_ = 128>
 struct SplitKVCtaTraits {
     using Element = Element_;
     static constexpr int kHeadDim = 128;
@@ -49,7 +46,6 @@ struct SplitKVCtaTraits {
     static constexpr int kBlockNw = kBlockN / kNWarps;   // keys per warp of a tile
     static constexpr int kStages = kStages_;
     static constexpr bool kTogether = kTogether_;
-    static constexpr bool kL2Prefetch = kL2Prefetch_;
     static_assert(!kTogether || kStages >= 2, "together with one buffer would leave nothing in flight");
     // One warp's view (16 rows x 32 keys): MMA, swizzled smem layouts, ldmatrix atoms.
     using WarpTraits = FwdKernelTraits<kHeadDim, kBlockM, kBlockNw, 1, Element>;
@@ -126,8 +122,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int r = load_row + j * kRowsPerPass;  // row of the tile
             const bool ok = key0 + j * kRowsPerPass < seqlen_k;
             Tensor s = sub_tile(ring, stage, r / kBlockNw);
-            cp_async_16_zfill<Traits::kL2Prefetch>(&s(r % kBlockNw, load_col),
-                                                   ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok);
+            cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok);
         }
     };
     auto load_k = [&](int it) { load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages); };

@@ -54,9 +54,7 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                     // warps, 2 buffers, together; 5 / 6 = 8 warps x 16 keys, 2 / 3 buffers alternating;
                     // 7 / 8 = 8 warps, 2 / 3 buffers together (7: session 15's first default); 9 = 4
                     // warps, 3 buffers together; 10 / 12 / 13 = 4 warps x 16 keys of 64-key tiles, 4 / 6
-                    // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers; 16 / 17
-                    // = 3 warps x 16 keys of 48-key tiles, 3 / 4 buffers; 18 = 2 warps x 16 keys, 4 buffers;
-                    // 19 / 20 = 11 / 14 with the .L2::256B prefetch-size hint.
+                    // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers.
                     switch (params.decode_cta) {
                         case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
                         case 2: launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream); break;
@@ -71,12 +69,7 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                         case 12: launch_splitkv_cta<SplitKVCtaTraits<Element, 6, 4, true, 64>>(params, stream); break;
                         case 13: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true, 64>>(params, stream); break;
                         case 14: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 6, true, 96>>(params, stream); break;
-                        case 15: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
-                        case 16: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 3, true, 48>>(params, stream); break;
-                        case 17: launch_splitkv_cta<SplitKVCtaTraits<Element, 4, 3, true, 48>>(params, stream); break;
-                        case 18: launch_splitkv_cta<SplitKVCtaTraits<Element, 4, 2, true, 32>>(params, stream); break;
-                        case 19: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64, true>>(params, stream); break;
-                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 6, true, 96, true>>(params, stream); break;
+                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
                     }
                     return;
                 }
