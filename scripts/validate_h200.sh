@@ -12,6 +12,7 @@
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=M128 bash scripts/validate_h200.sh  # d64 A/B build: WS backward on 128-row query blocks
 #   PART=CT bash scripts/validate_h200.sh  # d128 A/B build: decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA)
+#   PART=PG bash scripts/validate_h200.sh  # d128 bf16 build: paged decode through the CTA kernel
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
@@ -179,6 +180,14 @@ case ${PART:-A} in
     TAIL=3 step test_cta 120 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only or test_kvcache"
     TAIL=8 step decode_cta_ab 300 $PY scripts/decode_variants_ab.py --rounds ${CT_ROUNDS:-7} --clean \
       --modes ${CT_MODES:-skip,cta7,cta11,cta13,cta14,cta15} ;;
+  PG)
+    # Session 16: paged d128 decode through the CTA-schedule kernel; d128 bf16 build; kvcache tests;
+    # A/B (paged: sm_90a kernel, paged11: CTA kernel) and the decode benchmark.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    built || build
+    TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "kvcache"
+    TAIL=8 step decode_ab 120 $PY scripts/decode_variants_ab.py --rounds 5 --modes cta11,paged,paged11
+    TAIL=6 step decode 60 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.
