@@ -271,4 +271,6 @@ case ${PART:-A} in
     TAIL=20 step check_bwd_ws_det 150 $PY scripts/check_bwd_ws_det.py --timeout 60
     TAIL=3 step test 170 $PY -m pytest tests -q -x
     TAIL=32 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat ;;
+  *)
+    echo "unknown PART=${PART}"; exit 2 ;;
 esac
