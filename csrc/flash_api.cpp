@@ -1000,17 +1000,8 @@ bool decode_kernel_new(bool paged) {
 }
 
 // Whether a split-KV call runs the sm_90a decode kernel (see run_mha_fwd_splitkv_).
-// Unset FLASH_ATTN_DECODE_KERNEL: paged caches at d = 128 without softcap / ALiBi take the
-// CTA-schedule kernel (flash_fwd_splitkv_cta_kernel.h) when FLASH_ATTN_DECODE_CTA selects its default
-// (p.decode_cta), the other paged calls the sm_90a one.
 bool use_sm90_decode(const flash::FwdParams &p, bool paged) {
 #ifdef FLASH_ATTN_SM90A
-    const char *env = std::getenv("FLASH_ATTN_DECODE_KERNEL");
-    const bool unset = env == nullptr || env[0] == '\0';
-    if (unset && paged && p.d == 128 && p.decode_cta == flash::kDecodeCtaDefault && p.softcap_scale <= 0.f &&
-        p.alibi_slopes_ptr == nullptr) {
-        return false;
-    }
     return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new(paged);
 #else
     (void)p;
@@ -1103,7 +1094,6 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
-        params.decode_cta = decode_cta_variant();
         params.decode_sm90 = use_sm90_decode(params, paged);
         params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
@@ -1111,6 +1101,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
         require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
+        params.decode_cta = decode_cta_variant();
         require_ab_kernels(params.decode_cta == 0 || params.decode_cta == flash::kDecodeCtaDefault,
                            "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
         const int ctas = static_cast<int>(b * h_k) * m_blocks;

@@ -58,10 +58,7 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
-// kPaged: K / V rows through params.block_table (pages of any multiple of 16 rows). The page of
-// each of a thread's rows in the next tile to issue is loaded one tile ahead (into registers), so
-// the dependent block-table loads stay off the copy issue.
-template <typename Traits, bool kPaged = false>
+template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_splitkv_cta_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
@@ -112,65 +109,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
     // (256 contiguous bytes), rows kRowsPerPass apart per pass; row r goes to warp r / 32's sub-tile.
-    // Paged: the head's rows start at the page base (k_batch_stride is the page stride).
-    const index_t k_dense = (kPaged ? 0 : binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb)) +
-                            bidh_k * params.k_head_stride;
-    const index_t v_dense = (kPaged ? 0 : binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb)) +
-                            bidh_k * params.v_head_stride;
+    const index_t k_dense = binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) + bidh_k * params.k_head_stride;
+    const index_t v_dense = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
     const Element *k_head = reinterpret_cast<const Element *>(params.k_ptr) + k_dense;
     const Element *v_head = reinterpret_cast<const Element *>(params.v_ptr) + v_dense;
     const int load_row = tidx / kChunksPerRow, load_col = (tidx % kChunksPerRow) * 8;
-    constexpr int kRowsPerThread = kBlockN / kRowsPerPass;
-    // kPaged: page (block-table entry) and row within it of this thread's rows of the next tile to
-    // issue (load_pages(tile) after the previous tile's copies went out).
-    [[maybe_unused]] int page_of_row[kPaged ? kRowsPerThread : 1];
-    [[maybe_unused]] int row_in_page[kPaged ? kRowsPerThread : 1];
-    [[maybe_unused]] const int *block_table =
-        kPaged ? params.block_table + index_t(bidb) * params.block_table_batch_stride : nullptr;
-    auto load_pages = [&](int it) {
-        if constexpr (kPaged) {
-            CUTE_UNROLL
-            for (int j = 0; j < kRowsPerThread; ++j) {
-                const int key = (s_begin + it) * kBlockN + load_row + j * kRowsPerPass;
-                const int pos = binfo.leftpad_k + key;
-                page_of_row[j] = key < seqlen_k ? block_table[pos / params.page_block_size] : 0;
-                row_in_page[j] = pos % params.page_block_size;
-            }
+    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage) {
+        const int key0 = tile * kBlockN + load_row;
+        const Element *src = head + index_t(key0) * row_stride + load_col;
+        CUTE_UNROLL
+        for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+            const int r = load_row + j * kRowsPerPass;  // row of the tile
+            const bool ok = key0 + j * kRowsPerPass < seqlen_k;
+            Tensor s = sub_tile(ring, stage, r / kBlockNw);
+            cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok);
         }
     };
-    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage,
-                         [[maybe_unused]] index_t page_stride) {
-        if constexpr (kPaged) {
-            CUTE_UNROLL
-            for (int j = 0; j < kRowsPerThread; ++j) {
-                const int r = load_row + j * kRowsPerPass;  // row of the tile
-                const bool ok = tile * kBlockN + r < seqlen_k;
-                const Element *src =
-                    head + index_t(page_of_row[j]) * page_stride + index_t(row_in_page[j]) * row_stride + load_col;
-                Tensor s = sub_tile(ring, stage, r / kBlockNw);
-                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src : head, ok);
-            }
-        } else {
-            const int key0 = tile * kBlockN + load_row;
-            const Element *src = head + index_t(key0) * row_stride + load_col;
-            CUTE_UNROLL
-            for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-                const int r = load_row + j * kRowsPerPass;  // row of the tile
-                const bool ok = key0 + j * kRowsPerPass < seqlen_k;
-                Tensor s = sub_tile(ring, stage, r / kBlockNw);
-                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
-                                  ok);
-            }
-        }
-    };
-    auto load_k = [&](int it) {
-        load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages, params.k_batch_stride);
-    };
-    auto load_v = [&](int it) {
-        load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages, params.v_batch_stride);
-        if constexpr (kPaged) { load_pages(it + 1); }  // K and V of tile it are out: the next tile's pages
-    };
-    if constexpr (kPaged) { load_pages(0); }
+    auto load_k = [&](int it) { load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages); };
+    auto load_v = [&](int it) { load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages); };
 
     // cp.async groups: Q, K(0), V(0), ..., K(S - 1); then per iteration it: V(it + S - 1), K(it + S)
     // (empty groups past the last tile keep the counts uniform). kTogether: Q, tiles 0 .. S - 2; then
@@ -273,11 +229,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         split);
 }
 
-// Launch (the caller has checked: d = 128, no softcap / ALiBi; a block table only with kPaged).
-template <typename Traits, bool kPaged = false>
+// Launch (the caller has checked: d = 128, no block table, no softcap / ALiBi).
+template <typename Traits>
 void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged>;
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
     const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);

@@ -37,24 +37,16 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
 #endif
     if constexpr (kHeadDim == 128) {
         if (params.splitkv_wide) {
-            // Caches without softcap / ALiBi (and without the wide kernel's A/B switches): cuDNN's
-            // schedule, 4 warps x 16 keys of 64-key CTA tiles, K and V of a tile issued
+            // Contiguous caches without softcap / ALiBi (and without the wide kernel's A/B switches):
+            // cuDNN's schedule, 4 warps x 16 keys of 64-key CTA tiles, K and V of a tile issued
             // together, 3 buffers (session 15: +0.5-1.3% over the wide kernel, 1.000 / 0.998 / 1.004
             // of cuDNN in its A/B; flash_fwd_splitkv_cta_kernel.h). params.decode_cta: 11 (the
             // default), 0 = the wide kernel, other values = A/B-only variants (FLASH_ATTN_AB_KERNELS=1).
             const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
             const bool wide_ab = !params.decode_skip_rescale || params.decode_l2_prefetch || params.decode_pipeline_s;
-            // Paged caches: the default variant only (the others run the wide kernel).
-            const bool paged = params.block_table != nullptr;
-            if (params.decode_cta > 0 && (!paged || params.decode_cta == kDecodeCtaDefault) && !mod && !wide_ab &&
-                params.d == 128) {
+            if (params.decode_cta > 0 && params.block_table == nullptr && !mod && !wide_ab && params.d == 128) {
                 if (params.decode_cta == kDecodeCtaDefault) {
-                    using Traits = SplitKVCtaTraits<Element, 3, 4, true, 64>;
-                    if (paged) {
-                        launch_splitkv_cta<Traits, /*kPaged=*/true>(params, stream);
-                    } else {
-                        launch_splitkv_cta<Traits>(params, stream);
-                    }
+                    launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
                     return;
                 }
                 if constexpr (kBuildAbKernels) {

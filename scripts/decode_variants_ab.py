@@ -7,8 +7,8 @@ default), skip + pf, skip + pipeline, cta1 .. cta15 (cuDNN's schedule: FLASH_ATT
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache through the
-sm_90a bulk-copy kernel (FLASH_ATTN_DECODE_CTA=0), "paged11" through the CTA-schedule kernel. --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
+A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache (the sm_90a
+bulk-copy kernel). --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
 instead of do_bench's zero fill (dirty lines, written back during the timed kernel).
 
     python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta11,cta11:s2,paged,...] [--clean]
@@ -51,8 +51,7 @@ def parse_mode(mode):
 
 def set_mode(mode):
     base = parse_mode(mode)[0]
-    env = {"paged": "skip", "paged11": "cta11"}.get(base, base)
-    for var, value in zip(VARS, MODE_ENV[env]):
+    for var, value in zip(VARS, MODE_ENV["skip" if base == "paged" else base]):
         os.environ[var] = value
 
 
@@ -95,19 +94,19 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__)
     import flash_attn._C as ext
 
-    built = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY] + ["paged", "paged11"]
+    built = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY] + ["paged"]
     modes = [m for m in args.modes.split(",") if parse_mode(m)[0] in built] if args.modes else built
     for b, s in ((16, 4096), (16, 32768), (4, 131072)):
         torch.manual_seed(b + s)
         q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
-        kp, vp, table = paged_copy(k, v) if any(parse_mode(m)[0].startswith("paged") for m in modes) else (None, None, None)
+        kp, vp, table = paged_copy(k, v) if any(parse_mode(m)[0] == "paged" for m in modes) else (None, None, None)
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
 
         def call(mode, **kw):
             base, splits = parse_mode(mode)
-            if base.startswith("paged"):
+            if base == "paged":
                 return flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table,
                                                num_splits=splits, **kw)
             return flash_attn_with_kvcache(q, k, v, num_splits=splits, **kw)

@@ -12,7 +12,7 @@
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=M128 bash scripts/validate_h200.sh  # d64 A/B build: WS backward on 128-row query blocks
 #   PART=CT bash scripts/validate_h200.sh  # d128 A/B build: decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA)
-#   PART=PG bash scripts/validate_h200.sh  # d128 bf16 build: paged decode through the CTA kernel
+#   PART=PG bash scripts/validate_h200.sh  # d128 bf16 build: kvcache tests, decode A/B and benchmark
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
@@ -181,12 +181,12 @@ case ${PART:-A} in
     TAIL=8 step decode_cta_ab 300 $PY scripts/decode_variants_ab.py --rounds ${CT_ROUNDS:-7} --clean \
       --modes ${CT_MODES:-skip,cta7,cta11,cta13,cta14,cta15} ;;
   PG)
-    # Session 16: paged d128 decode through the CTA-schedule kernel; d128 bf16 build; kvcache tests;
-    # A/B (paged: sm_90a kernel, paged11: CTA kernel) and the decode benchmark.
+    # Session 16: paged d128 decode (a paged form of the CTA-schedule kernel was tried: 14-22% slower
+    # than the sm_90a kernel, reverted); d128 bf16 build; kvcache tests; A/B and the decode benchmark.
     export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
     built || build
     TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "kvcache"
-    TAIL=8 step decode_ab 120 $PY scripts/decode_variants_ab.py --rounds 5 --modes cta11,paged,paged11
+    TAIL=8 step decode_ab 120 $PY scripts/decode_variants_ab.py --rounds 5 --modes cta11,paged
     TAIL=6 step decode 60 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
