@@ -115,7 +115,7 @@ struct FwdParams : QKVParams {
     bool decode_skip_rescale;
     bool decode_l2_prefetch;
     bool decode_pipeline_s;  // FLASH_ATTN_DECODE_PIPELINE (A/B): S of the next tile before this one's softmax
-    // FLASH_ATTN_DECODE_CTA: 7 (default) = the d128 decode with cuDNN's schedule for contiguous caches
+    // FLASH_ATTN_DECODE_CTA: 11 (default) = the d128 decode with cuDNN's schedule for contiguous caches
     // without softcap / ALiBi (flash_fwd_splitkv_cta_kernel.h); 0 = the wide kernel; other values:
     // A/B-only variants (flash_fwd_splitkv_launch.h).
     int decode_cta;

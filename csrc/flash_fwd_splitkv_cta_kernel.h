@@ -1,20 +1,21 @@
-// Split-KV decode at d = 128 with cuDNN's schedule (A/B: FLASH_ATTN_DECODE_CTA=1/2/3, contiguous
-// caches, no softcap / ALiBi).
+// Split-KV decode at d = 128 with cuDNN's schedule: the default for contiguous caches without
+// softcap / ALiBi (FLASH_ATTN_DECODE_CTA, flash_fwd_splitkv_launch.h; default variant 11 since
+// session 16: 64-key CTA tiles, 4 warps x 16 keys, K and V together, 3 buffers).
 //
-// The default wide kernel (flash_fwd_splitkv_kernel.h) lets each of 8 warps stream its own 16-key
-// tiles through its own ring: up to 192 KB of K / V in flight per SM, issued by 8 independent
-// streams. cuDNN's decode kernel (ncu, session 4) reads the same bytes at 94-96% of DRAM peak
-// against our 91-93.5% with the opposite shape: 4 warps, one CTA per (batch, KV head), 128-key CTA
-// tiles (each warp takes 32 keys of a tile), K and V loaded by the whole CTA one 32 KB burst at a
-// time, ~86 KB of shared memory. This kernel is that schedule:
+// The wide kernel (flash_fwd_splitkv_kernel.h) lets each of 8 warps stream its own 16-key tiles
+// through its own ring: up to 192 KB of K / V in flight per SM, issued by 8 independent streams.
+// cuDNN's decode kernel (ncu, session 4) reads the same bytes at 94-96% of DRAM peak against the
+// wide kernel's 91-93.5% with the opposite shape: 4 warps, one CTA per (batch, KV head), 128-key
+// CTA tiles (each warp takes 32 keys of a tile), K and V loaded by the whole CTA one 32 KB burst
+// at a time, ~86 KB of shared memory. This kernel is that schedule:
 //
 //   top:  barrier (every warp is past P V of tile it - 1)  -> issue V(it + S - 1)
 //   A:    wait K(it), barrier                               -> S = Q K(it)^T, masks, softmax
 //   B:    wait V(it), barrier (every warp is past S(it))    -> issue K(it + S); O += P V(it)
 //
-// with S = kStages buffers each of K and V (S = 1 is cuDNN's 64 KB). The warps keep their own
-// online softmax and merge at the end (splitkv_merge_and_store), as in the wide kernel; the
-// splits are whole 128-key tiles.
+// with S = kStages buffers each of K and V (S = 1 is cuDNN's 64 KB); kTogether issues K and V of a
+// tile together at the top (no step B barrier). The warps keep their own online softmax and merge
+// at the end (splitkv_merge_and_store), as in the wide kernel; the splits are whole CTA tiles.
 #pragma once
 
 #include <cute/tensor.hpp>
