@@ -25,6 +25,9 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check_common import event_median_ms  # noqa: E402
+
 H, HK, D = 32, 8, 128
 CONFIGS = [(16, 4096), (16, 32768), (4, 131072)]  # (batch, seqlen_k)
 EXTRA_PAGES = {1: (64, 256)}  # config index -> more page sizes timed once
@@ -143,18 +146,7 @@ def make_bench(rep, warmup):
         return bench, "triton.testing.do_bench median"
     except Exception:  # noqa: BLE001
         def bench(fn):
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            times = []
-            for _ in range(30):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            return sorted(times)[len(times) // 2]
+            return event_median_ms(fn)
         return bench, "CUDA events median (no L2 flush)"
 
 

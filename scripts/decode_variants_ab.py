@@ -15,6 +15,7 @@ instead of do_bench's zero fill (dirty lines, written back during the timed kern
 """
 import argparse
 import os
+import sys
 import statistics
 
 import torch
@@ -23,6 +24,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from flash_attn import flash_attn_with_kvcache
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check_common import event_median_ms  # noqa: E402
 
 H, HK, D = 32, 8, 128
 VARS = ("FLASH_ATTN_DECODE_SKIP_RESCALE", "FLASH_ATTN_DECODE_L2_PREFETCH", "FLASH_ATTN_DECODE_PIPELINE",
@@ -71,18 +75,7 @@ def paged_copy(k, v):
 
 def bench_clean(fn, flush, reps=40):
     """Median ms of fn after an L2 flush that reads (not writes) a 256 MB buffer."""
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        flush.sum()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return event_median_ms(fn, reps=reps, warmup=3, before=flush.sum)
 
 
 def main():

@@ -28,6 +28,26 @@ import subprocess
 import sys
 
 
+def event_median_ms(fn, reps=30, warmup=5, before=None):
+    import statistics
+
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if before is not None:
+            before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
 @contextlib.contextmanager
 def env_set(env):
     old = {name: os.environ.get(name) for name in env}
