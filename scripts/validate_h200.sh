@@ -13,6 +13,7 @@
 #   PART=M128 bash scripts/validate_h200.sh  # d64 A/B build: WS backward on 128-row query blocks
 #   PART=CT bash scripts/validate_h200.sh  # d128 A/B build: decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA)
 #   PART=PG bash scripts/validate_h200.sh  # d128 bf16 build: kvcache tests, decode A/B and benchmark
+#   PART=DPN bash scripts/validate_h200.sh # d128 bf16 build: ncu stall sources, dropout forward vs plain
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
@@ -188,6 +189,12 @@ case ${PART:-A} in
     TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "kvcache"
     TAIL=8 step decode_ab 120 $PY scripts/decode_variants_ab.py --rounds 5 --modes cta11,paged
     TAIL=6 step decode 60 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec ;;
+  DPN)
+    # Session 17 plan: where the d128 dropout forward spends its 0.66 ms over plain (consumer-
+    # generated flags): ncu stall reasons per SASS line, plain vs dropout 0.1; d128 bf16 build.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    built || build
+    TAIL=80 step ncu_drop_fwd 240 env CASES="128 0.0;128 0.1" NCU_TIMEOUT=110 bash scripts/ncu_stall_source.sh ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.
