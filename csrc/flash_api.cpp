@@ -1002,6 +1002,7 @@ bool decode_kernel_new(bool paged) {
 // Whether a split-KV call runs the sm_90a decode kernel (see run_mha_fwd_splitkv_).
 bool use_sm90_decode(const flash::FwdParams &p, bool paged) {
 #ifdef FLASH_ATTN_SM90A
+    if (paged && p.decode_paged_cta) return false;  // the CTA-schedule kernel (A/B)
     return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new(paged);
 #else
     (void)p;
@@ -1094,6 +1095,14 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
+        params.decode_cta = decode_cta_variant();
+        // FLASH_ATTN_DECODE_PAGED_CTA=1 (A/B-only): where the paged CTA-schedule kernel applies.
+        const bool paged_cta = env_switch("FLASH_ATTN_DECODE_PAGED_CTA", false);
+        require_ab_kernels(!paged_cta, "FLASH_ATTN_DECODE_PAGED_CTA=1");
+        const int page = paged ? static_cast<int>(k_cache.size(1)) : 0;
+        params.decode_paged_cta = paged_cta && paged && d == 128 && (page & (page - 1)) == 0 &&
+                                  !leftpad_k_.has_value() && params.decode_cta == flash::kDecodeCtaDefault &&
+                                  params.softcap_scale <= 0.f && params.alibi_slopes_ptr == nullptr;
         params.decode_sm90 = use_sm90_decode(params, paged);
         params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
@@ -1101,7 +1110,6 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
         require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
-        params.decode_cta = decode_cta_variant();
         require_ab_kernels(params.decode_cta == 0 || params.decode_cta == flash::kDecodeCtaDefault,
                            "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
         const int ctas = static_cast<int>(b * h_k) * m_blocks;

@@ -59,7 +59,14 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
-template <typename Traits>
+// kPaged (A/B-only, FLASH_ATTN_DECODE_PAGED_CTA=1): K / V rows through params.block_table, for
+// power-of-two pages without cache_leftpad (the binding checks): a thread's rows of a tile come in
+// 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
+// thread kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not
+// a division per row. (Session 16's first paged form, a division and an entry per row, was 14-22%
+// slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on
+// the critical path.)
+template <typename Traits, bool kPaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_splitkv_cta_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
@@ -110,24 +117,68 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
     // (256 contiguous bytes), rows kRowsPerPass apart per pass; row r goes to warp r / 32's sub-tile.
-    const index_t k_dense = binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) + bidh_k * params.k_head_stride;
-    const index_t v_dense = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
+    // Paged: the head's rows start at the page base (k_batch_stride is the page stride).
+    const index_t k_dense = (kPaged ? 0 : binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb)) +
+                            bidh_k * params.k_head_stride;
+    const index_t v_dense = (kPaged ? 0 : binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb)) +
+                            bidh_k * params.v_head_stride;
     const Element *k_head = reinterpret_cast<const Element *>(params.k_ptr) + k_dense;
     const Element *v_head = reinterpret_cast<const Element *>(params.v_ptr) + v_dense;
     const int load_row = tidx / kChunksPerRow, load_col = (tidx % kChunksPerRow) * 8;
-    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage) {
-        const int key0 = tile * kBlockN + load_row;
-        const Element *src = head + index_t(key0) * row_stride + load_col;
-        CUTE_UNROLL
-        for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-            const int r = load_row + j * kRowsPerPass;  // row of the tile
-            const bool ok = key0 + j * kRowsPerPass < seqlen_k;
-            Tensor s = sub_tile(ring, stage, r / kBlockNw);
-            cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok);
+    // kPaged: block-table entry of each 16-key chunk of the next tile to issue (load_pages(it) once
+    // the previous tile's copies went out).
+    constexpr int kPageChunks = kBlockN / 16;
+    static_assert(!kPaged || (kRowsPerPass == 8 && kBlockN % 16 == 0), "paged: two rows of a thread per 16-row chunk");
+    [[maybe_unused]] int chunk_page[kPaged ? kPageChunks : 1];
+    [[maybe_unused]] const int *block_table =
+        kPaged ? params.block_table + index_t(bidb) * params.block_table_batch_stride : nullptr;
+    [[maybe_unused]] const int page_shift = kPaged ? __ffs(params.page_block_size) - 1 : 0;  // a power of two
+    auto load_pages = [&](int it) {
+        if constexpr (kPaged) {
+            CUTE_UNROLL
+            for (int c = 0; c < kPageChunks; ++c) {
+                const int key = (s_begin + it) * kBlockN + 16 * c;
+                chunk_page[c] = key < seqlen_k ? block_table[key >> page_shift] : 0;
+            }
         }
     };
-    auto load_k = [&](int it) { load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages); };
-    auto load_v = [&](int it) { load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages); };
+    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage,
+                         [[maybe_unused]] index_t page_stride) {
+        if constexpr (kPaged) {
+            CUTE_UNROLL
+            for (int c = 0; c < kPageChunks; ++c) {
+                const int key = tile * kBlockN + 16 * c;  // first key of the chunk
+                const int in_page = (key & (params.page_block_size - 1)) + load_row;
+                const Element *src = head + index_t(chunk_page[c]) * page_stride + index_t(in_page) * row_stride + load_col;
+                CUTE_UNROLL
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * c + load_row + 8 * h;  // row of the tile
+                    const bool ok = tile * kBlockN + r < seqlen_k;
+                    Tensor s = sub_tile(ring, stage, r / kBlockNw);
+                    cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(8 * h) * row_stride : head, ok);
+                }
+            }
+        } else {
+            const int key0 = tile * kBlockN + load_row;
+            const Element *src = head + index_t(key0) * row_stride + load_col;
+            CUTE_UNROLL
+            for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+                const int r = load_row + j * kRowsPerPass;  // row of the tile
+                const bool ok = key0 + j * kRowsPerPass < seqlen_k;
+                Tensor s = sub_tile(ring, stage, r / kBlockNw);
+                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
+                                  ok);
+            }
+        }
+    };
+    auto load_k = [&](int it) {
+        load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages, params.k_batch_stride);
+    };
+    auto load_v = [&](int it) {
+        load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages, params.v_batch_stride);
+        if constexpr (kPaged) { load_pages(it + 1); }  // K and V of tile it are out: the next tile's pages
+    };
+    if constexpr (kPaged) { load_pages(0); }
 
     // cp.async groups: Q, K(0), V(0), ..., K(S - 1); then per iteration it: V(it + S - 1), K(it + S)
     // (empty groups past the last tile keep the counts uniform). kTogether: Q, tiles 0 .. S - 2; then
@@ -230,11 +281,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         split);
 }
 
-// Launch (the caller has checked: d = 128, no block table, no softcap / ALiBi).
-template <typename Traits>
+// Launch (the caller has checked: d = 128, no softcap / ALiBi; a block table only with kPaged).
+template <typename Traits, bool kPaged = false>
 void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits>;
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
     const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);

@@ -8,7 +8,8 @@ Checks first that the wide-kernel variants give bitwise the same out / LSE (the 
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
 A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache (the sm_90a
-bulk-copy kernel). --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
+bulk-copy kernel), "pagedcta" the same through the CTA-schedule kernel (FLASH_ATTN_DECODE_PAGED_CTA=1,
+A/B builds). --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
 instead of do_bench's zero fill (dirty lines, written back during the timed kernel).
 
     python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta11,cta11:s2,paged,...] [--clean]
@@ -55,8 +56,9 @@ def parse_mode(mode):
 
 def set_mode(mode):
     base = parse_mode(mode)[0]
-    for var, value in zip(VARS, MODE_ENV["skip" if base == "paged" else base]):
+    for var, value in zip(VARS, MODE_ENV[{"paged": "skip", "pagedcta": "cta11"}.get(base, base)]):
         os.environ[var] = value
+    os.environ["FLASH_ATTN_DECODE_PAGED_CTA"] = "1" if base == "pagedcta" else "0"
 
 
 def paged_copy(k, v):
@@ -88,18 +90,19 @@ def main():
     import flash_attn._C as ext
 
     built = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY] + ["paged"]
+    built += ["pagedcta"] if ext.ab_kernels_built() else []
     modes = [m for m in args.modes.split(",") if parse_mode(m)[0] in built] if args.modes else built
     for b, s in ((16, 4096), (16, 32768), (4, 131072)):
         torch.manual_seed(b + s)
         q = torch.randn(b, 1, H, D, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(b, s, HK, D, device="cuda", dtype=torch.bfloat16)
-        kp, vp, table = paged_copy(k, v) if any(parse_mode(m)[0] == "paged" for m in modes) else (None, None, None)
+        kp, vp, table = paged_copy(k, v) if any(parse_mode(m)[0].startswith("paged") for m in modes) else (None, None, None)
         seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
 
         def call(mode, **kw):
             base, splits = parse_mode(mode)
-            if base == "paged":
+            if base.startswith("paged"):
                 return flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table,
                                                num_splits=splits, **kw)
             return flash_attn_with_kvcache(q, k, v, num_splits=splits, **kw)
@@ -147,7 +150,7 @@ def main():
             cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in clean.items() if t]
             print("      read-only L2 flush           GB/s: %s" % "  ".join(cells), flush=True)
         del kp, vp, flush
-    for var in VARS:
+    for var in VARS + ("FLASH_ATTN_DECODE_PAGED_CTA",):
         os.environ.pop(var, None)
 
 

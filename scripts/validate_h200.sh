@@ -12,7 +12,7 @@
 #   PART=E bash scripts/validate_h200.sh   # the suite on that build (rebuilds on a cold machine)
 #   PART=M128 bash scripts/validate_h200.sh  # d64 A/B build: WS backward on 128-row query blocks
 #   PART=CT bash scripts/validate_h200.sh  # d128 A/B build: decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA)
-#   PART=PG bash scripts/validate_h200.sh  # d128 bf16 build: kvcache tests, decode A/B and benchmark
+#   PART=PG bash scripts/validate_h200.sh  # d128 bf16 A/B build: paged decode through the CTA kernel
 #   PART=DPN bash scripts/validate_h200.sh # d128 bf16 build: ncu stall sources, dropout forward vs plain
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
@@ -182,12 +182,14 @@ case ${PART:-A} in
     TAIL=8 step decode_cta_ab 300 $PY scripts/decode_variants_ab.py --rounds ${CT_ROUNDS:-7} --clean \
       --modes ${CT_MODES:-skip,cta7,cta11,cta13,cta14,cta15} ;;
   PG)
-    # Session 16: paged d128 decode (a paged form of the CTA-schedule kernel was tried: 14-22% slower
-    # than the sm_90a kernel, reverted); d128 bf16 build; kvcache tests; A/B and the decode benchmark.
-    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    # Sessions 16-17: paged d128 decode through the CTA-schedule kernel (FLASH_ATTN_DECODE_PAGED_CTA=1,
+    # A/B-only: power-of-two pages, one block-table entry per 16-row chunk; session 16's first form, a
+    # division and an entry per row, was 14-22% slower than the sm_90a kernel); d128 bf16 A/B build;
+    # kvcache tests; A/B (paged: the sm_90a kernel) and the decode benchmark.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
     built || build
-    TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "kvcache"
-    TAIL=8 step decode_ab 120 $PY scripts/decode_variants_ab.py --rounds 5 --modes cta11,paged
+    TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "paged or test_kvcache_decode_cta or ab_only"
+    TAIL=8 step decode_ab 150 $PY scripts/decode_variants_ab.py --rounds 7 --modes cta11,paged,pagedcta
     TAIL=6 step decode 60 $PY benchmarks/benchmark_attn.py --decode --out /tmp/dec ;;
   DPN)
     # Session 17 plan: where the d128 dropout forward spends its 0.66 ms over plain (consumer-

@@ -864,6 +864,30 @@ def test_kvcache_decode_paged_lengths(page, seqlen_cache, num_splits, leftpad):
                  new_kv=seqlen_cache > 1, num_splits=num_splits)
 
 
+# FLASH_ATTN_DECODE_PAGED_CTA=1 (A/B-only, session 16): paged d128 caches with power-of-two pages and no
+# cache_leftpad through the CTA-schedule kernel; other paged calls (48-token pages, left padding) keep
+# the sm_90a kernel under the switch.
+PAGED_CTA_CASES = [c for c in KV_CASES if c[1].get("page") is not None]
+
+
+@pytest.mark.parametrize("page", [16, 32, 64, 256, 48])
+@pytest.mark.parametrize("seqlen_cache, num_splits, leftpad", [(1, 0, False), (17, 1, False), (113, 0, False),
+                                                               (1023, 3, True), (5000, 0, False),
+                                                               (32 * 1024 + 5, 0, False)])
+def test_kvcache_decode_paged_cta(page, seqlen_cache, num_splits, leftpad, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", "1")
+    _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, page=page, leftpad=leftpad,
+                 new_kv=seqlen_cache > 1, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("name, kw", PAGED_CTA_CASES, ids=[c[0] for c in PAGED_CTA_CASES])
+def test_kvcache_decode_paged_cta_cases(name, kw, monkeypatch):
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", "1")
+    _run_kvcache(**kw)
+
+
 # Varlen through the d64 WS backward on 128-row query blocks (the default since session 14;
 # dq_accum's 128 padding rows per sequence hold a whole last block).
 @pytest.mark.parametrize("mode", MODES)
@@ -874,7 +898,7 @@ def test_varlen_backward_m128(mode, mask, monkeypatch):
 
 
 @pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_KERNEL", "newest"), ("FLASH_ATTN_DECODE_CTA", "x"),
-                                        ("FLASH_ATTN_DECODE_CTA", "99")])
+                                        ("FLASH_ATTN_DECODE_CTA", "99"), ("FLASH_ATTN_DECODE_PAGED_CTA", "2")])
 def test_kvcache_decode_kernel_switch_rejects_unknown(var, value, monkeypatch):
     require_gpu()
     require_config(torch.bfloat16, 128)
@@ -888,6 +912,7 @@ def test_kvcache_decode_kernel_switch_rejects_unknown(var, value, monkeypatch):
 # A/B-only kernels (FLASH_ATTN_AB_KERNELS=1 builds): their switches raise in other builds, with
 # an error that names the build flag, instead of silently running the default kernel.
 @pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_PIPELINE", "1"), ("FLASH_ATTN_DECODE_CTA", "1"),
+                                        ("FLASH_ATTN_DECODE_PAGED_CTA", "1"),
                                         ("FLASH_ATTN_BWD_WS_DQ_V4", "1"),
                                         ("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", "1"), ("FLASH_ATTN_BWD_WS_M128", "0"),
                                         ("FLASH_ATTN_BWD_WS_OVERLAP", "1")])
