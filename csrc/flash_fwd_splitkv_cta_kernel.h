@@ -18,6 +18,7 @@
 // at the end (splitkv_merge_and_store), as in the wide kernel; the splits are whole CTA tiles.
 #pragma once
 
+#include <cute/arch/cluster_sm90.hpp>
 #include <cute/tensor.hpp>
 
 #include "block_info.h"
@@ -66,7 +67,12 @@ struct SplitKVCtaTraits {
 // a division per row. (Session 16's first paged form, a division and an entry per row, was 14-22%
 // slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on
 // the critical path.)
-template <typename Traits, bool kPaged = false>
+// kClusterSync > 0 (A/B-only, FLASH_ATTN_DECODE_CTA=16): the CTAs of one (batch, m block, split)
+// over all KV heads run as one thread-block cluster (launch_splitkv_cta) and meet at a cluster
+// barrier every kClusterSync tiles (arrive, then wait kClusterSync / 2 tiles later), so that they
+// read the 256-byte slices of the same K / V rows (b, s, :, :) at about the same time: a test of
+// whether DRAM row locality across heads is what cuDNN's 0.5% more of peak comes from.
+template <typename Traits, bool kPaged = false, int kClusterSync = 0>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_splitkv_cta_kernel(const __grid_constant__ FwdParams params) {
     using Element = typename Traits::Element;
@@ -243,6 +249,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // top: every warp is past P V of tile it - 1, whose V buffer (kTogether: K and V buffers)
         // takes tile it + S - 1.
         __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if constexpr (kClusterSync > 0) {  // every CTA of the cluster has the same n_tiles
+            if (it % kClusterSync == 0) { cute::cluster_arrive_relaxed(); }
+            if (it % kClusterSync == kClusterSync / 2) { cute::cluster_wait(); }
+        }
+#endif
         if (it + kStages - 1 < n_tiles) {
             if constexpr (kTogether) { load_k(it + kStages - 1); }
             load_v(it + kStages - 1);
@@ -274,6 +286,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         gemm_rs(acc_o, tOrP, tOrVt, thr_smem_copy_V.partition_S(sVt), tiled_mma, smem_copy_V, thr_smem_copy_V);
     }
     cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kClusterSync > 0) {  // the last arrive's wait, if the loop ended between them
+        if (n_tiles > 0 && (n_tiles - 1) % kClusterSync < kClusterSync / 2) { cute::cluster_wait(); }
+    }
+#endif
 
     __syncthreads();  // all warps are done with their K / V buffers: the merge reuses them
     splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, kNThreads, Element>(
@@ -282,14 +299,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 }
 
 // Launch (the caller has checked: d = 128, no softcap / ALiBi; a block table only with kPaged).
-template <typename Traits, bool kPaged = false>
+// kClusterSync > 0: clusters of the h_k CTAs of a (batch, m block, split) (h_k must be 2, 4 or 8).
+template <typename Traits, bool kPaged = false, int kClusterSync = 0>
 void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
     constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged>;
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged, kClusterSync>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
     const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
-    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    if constexpr (kClusterSync > 0) {
+        cudaLaunchConfig_t config{};
+        config.gridDim = grid;
+        config.blockDim = dim3(Traits::kNThreads);
+        config.dynamicSmemBytes = smem_size;
+        config.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = params.h_k;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        config.attrs = attr;
+        config.numAttrs = 1;
+        FLASH_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+    } else {
+        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    }
     FLASH_CHECK_LAUNCH();
     launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
 }

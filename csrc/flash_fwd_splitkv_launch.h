@@ -64,7 +64,8 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                     // warps, 2 buffers, together; 5 / 6 = 8 warps x 16 keys, 2 / 3 buffers alternating;
                     // 7 / 8 = 8 warps, 2 / 3 buffers together (7: session 15's first default); 9 = 4
                     // warps, 3 buffers together; 10 / 12 / 13 = 4 warps x 16 keys of 64-key tiles, 4 / 6
-                    // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers.
+                    // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers; 16 =
+                    // 11 with the h_k CTAs of a (batch, split) in one cluster, in step every 8 tiles.
                     switch (params.decode_cta) {
                         case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
                         case 2: launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream); break;
@@ -79,7 +80,14 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                         case 12: launch_splitkv_cta<SplitKVCtaTraits<Element, 6, 4, true, 64>>(params, stream); break;
                         case 13: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true, 64>>(params, stream); break;
                         case 14: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 6, true, 96>>(params, stream); break;
-                        default: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
+                        case 15: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
+                        default:  // 16: the default's shape, the KV heads' CTAs in clusters meeting every 8 tiles
+                            if (params.h_k == 2 || params.h_k == 4 || params.h_k == 8) {
+                                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, false, 8>(params, stream);
+                            } else {
+                                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
+                            }
+                            break;
                     }
                     return;
                 }

@@ -14,6 +14,8 @@
 #   PART=CT bash scripts/validate_h200.sh  # d128 A/B build: decode with cuDNN's schedule (FLASH_ATTN_DECODE_CTA)
 #   PART=PG bash scripts/validate_h200.sh  # d128 bf16 A/B build: paged decode through the CTA kernel
 #   PART=DPN bash scripts/validate_h200.sh # d128 bf16 build: ncu stall sources, dropout forward vs plain
+#   PART=CL bash scripts/validate_h200.sh  # d128 bf16 A/B build: decode with clusters of the KV heads' CTAs
+#   PART=N17 bash scripts/validate_h200.sh # branch next17: PG + CL in one d128 bf16 A/B build
 #   PART=DN bash scripts/validate_h200.sh  # ncu: spread of SM active cycles, decode ours vs cuDNN
 #   PART=P bash scripts/validate_h200.sh   # ncu: our backward vs SDPA-flash's, d256 and d128
 #   PART=V bash scripts/validate_h200.sh   # d256 build; SM80-class backward variants: check, A/B, ncu
@@ -197,6 +199,21 @@ case ${PART:-A} in
     export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
     built || build
     TAIL=80 step ncu_drop_fwd 240 env CASES="128 0.0;128 0.1" NCU_TIMEOUT=110 bash scripts/ncu_stall_source.sh ;;
+  CL)
+    # Session 17 plan: the default decode's h_k CTAs of a batch in one cluster, in step every 8 tiles
+    # (FLASH_ATTN_DECODE_CTA=16, A/B-only); d128 bf16 A/B build; CTA tests; A/B vs cta11 and cuDNN.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
+    built || build
+    TAIL=3 step test_cta 120 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only"
+    TAIL=8 step decode_cta_ab 150 $PY scripts/decode_variants_ab.py --rounds 7 --modes ${CT_MODES:-cta11,cta16} ;;
+  N17)
+    # Session 17, first call (branch next17 = decode-cta-paged2 + decode-cluster): one d128 bf16 A/B
+    # build for both; the paged / CTA tests; A/B of cta11, cta16 (clusters), paged (sm_90a) and
+    # pagedcta (FLASH_ATTN_DECODE_PAGED_CTA=1) against cuDNN, do_bench and read-only flush.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
+    built || build
+    TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "paged or decode_cta or ab_only"
+    TAIL=8 step decode_ab 200 $PY scripts/decode_variants_ab.py --rounds 7 --clean --modes cta11,cta16,paged,pagedcta ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.
