@@ -119,6 +119,8 @@ struct FwdParams : QKVParams {
     // without softcap / ALiBi (flash_fwd_splitkv_cta_kernel.h); 0 = the wide kernel; other values:
     // A/B-only variants (flash_fwd_splitkv_launch.h).
     int decode_cta;
+    // Entries of the dense KV cache (k_cache.shape[0]; the TMA decode variant's batch extent).
+    int kv_cache_batch;
     // FLASH_ATTN_DECODE_PAGED_CTA=1 (A/B-only): paged d128 caches (power-of-two pages, no
     // cache_leftpad, no softcap / ALiBi) through the CTA-schedule kernel instead of the sm_90a one.
     bool decode_paged_cta;

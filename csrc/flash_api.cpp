@@ -151,7 +151,7 @@ bool env_switch(const char *name, bool default_value) {
     return choice == "1";
 }
 
-// FLASH_ATTN_DECODE_CTA=0..16 (read at each call): the d128 split-KV decode with cuDNN's schedule
+// FLASH_ATTN_DECODE_CTA=0..17 (read at each call): the d128 split-KV decode with cuDNN's schedule
 // (unset: flash::kDecodeCtaDefault; 0: the wide kernel; the A/B variants: flash_fwd_splitkv_launch.h).
 int decode_cta_variant() {
     const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
@@ -159,7 +159,7 @@ int decode_cta_variant() {
     const std::string choice(env);
     const bool digits = !choice.empty() && choice.size() <= 2 && std::all_of(choice.begin(), choice.end(), ::isdigit);
     const int value = digits ? std::stoi(choice) : -1;
-    FLASH_CHECK(value >= 0 && value <= 16, "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'16', got '", choice,
+    FLASH_CHECK(value >= 0 && value <= 17, "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'17', got '", choice,
                 "'");
     return value;
 }
@@ -1085,6 +1085,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.block_table_batch_stride = block_table.stride(0);
         params.page_block_size = static_cast<int>(k_cache.size(1));
     }
+    params.kv_cache_batch = static_cast<int>(k_cache.size(0));
 
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     const int64_t packed_rows = sq * (h / h_k);

@@ -65,7 +65,8 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                     // 7 / 8 = 8 warps, 2 / 3 buffers together (7: session 15's first default); 9 = 4
                     // warps, 3 buffers together; 10 / 12 / 13 = 4 warps x 16 keys of 64-key tiles, 4 / 6
                     // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers; 16 =
-                    // 11 with the h_k CTAs of a (batch, split) in one cluster, in step every 8 tiles.
+                    // 11 with the h_k CTAs of a (batch, split) in one cluster, in step every 8 tiles; 17 = 11
+                    // with TMA loads.
                     switch (params.decode_cta) {
                         case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
                         case 2: launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream); break;
@@ -81,6 +82,17 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
                         case 13: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true, 64>>(params, stream); break;
                         case 14: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 6, true, 96>>(params, stream); break;
                         case 15: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
+                        case 17: {  // the default's shape with TMA loads (sm_90a; dense caches the TMA can address)
+                            using T = SplitKVCtaTraits<Element, 3, 4, true, 64>;
+#ifdef FLASH_ATTN_SM90A
+                            if (params.use_sm90 && params.cu_seqlens_k == nullptr && SplitKVCtaTma<T>::supported(params)) {
+                                launch_splitkv_cta_tma<T>(params, stream);
+                                break;
+                            }
+#endif
+                            launch_splitkv_cta<T>(params, stream);
+                            break;
+                        }
                         default:  // 16: the default's shape, the KV heads' CTAs in clusters meeting every 8 tiles
                             if (params.h_k == 2 || params.h_k == 4 || params.h_k == 8) {
                                 launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, false, 8>(params, stream);

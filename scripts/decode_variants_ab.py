@@ -3,7 +3,7 @@
 d128 decode shapes of issue 4, next to SDPA cuDNN: bf16, 32 query / 8 KV heads, 1 query token;
 batch 16 at 4k and 32k keys, batch 4 at 128k. Variants of FLASH_ATTN_DECODE_SKIP_RESCALE /
 FLASH_ATTN_DECODE_L2_PREFETCH / FLASH_ATTN_DECODE_PIPELINE / FLASH_ATTN_DECODE_CTA: plain, skip (the
-default), skip + pf, skip + pipeline, cta1 .. cta16 (cuDNN's schedule: FLASH_ATTN_DECODE_CTA's variants).
+default), skip + pf, skip + pipeline, cta1 .. cta17 (cuDNN's schedule: FLASH_ATTN_DECODE_CTA's variants).
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
@@ -39,10 +39,11 @@ MODE_ENV = {"plain": ("0", "0", "0", "0"), "skip": ("1", "0", "0", "0"), "skip+p
             "cta6": ("1", "0", "0", "6"), "cta7": ("1", "0", "0", "7"), "cta8": ("1", "0", "0", "8"),
             "cta9": ("1", "0", "0", "9"), "cta10": ("1", "0", "0", "10"), "cta11": ("1", "0", "0", "11"),
             "cta12": ("1", "0", "0", "12"), "cta13": ("1", "0", "0", "13"), "cta14": ("1", "0", "0", "14"),
-            "cta15": ("1", "0", "0", "15"), "cta16": ("1", "0", "0", "16")}
+            "cta15": ("1", "0", "0", "15"), "cta16": ("1", "0", "0", "16"),
+            "cta17": ("1", "0", "0", "17")}
 MODES = tuple(MODE_ENV)
 # FLASH_ATTN_AB_KERNELS=1 builds (the default build has the wide kernel and the CTA default only)
-AB_ONLY = ("skip+pipe",) + tuple("cta%d" % i for i in range(1, 17) if i != 11)
+AB_ONLY = ("skip+pipe",) + tuple("cta%d" % i for i in range(1, 18) if i != 11)
 
 
 PAGE = 16

@@ -207,13 +207,13 @@ case ${PART:-A} in
     TAIL=3 step test_cta 120 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "decode_cta or ab_only"
     TAIL=8 step decode_cta_ab 150 $PY scripts/decode_variants_ab.py --rounds 7 --modes ${CT_MODES:-cta11,cta16} ;;
   N17)
-    # Session 17, first call (branch next17 = decode-cta-paged2 + decode-cluster): one d128 bf16 A/B
-    # build for both; the paged / CTA tests; A/B of cta11, cta16 (clusters), paged (sm_90a) and
-    # pagedcta (FLASH_ATTN_DECODE_PAGED_CTA=1) against cuDNN, do_bench and read-only flush.
+    # Session 17, first call (branch next17 = decode-cta-paged2 + decode-cluster + TMA loads): one
+    # d128 bf16 A/B build; the paged / CTA tests; A/B of cta11, cta16 (clusters), cta17 (TMA), paged
+    # (sm_90a) and pagedcta (FLASH_ATTN_DECODE_PAGED_CTA=1) against cuDNN, do_bench and read-only flush.
     export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
     built || build
     TAIL=3 step test_kv 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "paged or decode_cta or ab_only"
-    TAIL=8 step decode_ab 200 $PY scripts/decode_variants_ab.py --rounds 7 --clean --modes cta11,cta16,paged,pagedcta ;;
+    TAIL=8 step decode_ab 200 $PY scripts/decode_variants_ab.py --rounds 7 --clean --modes cta11,cta16,cta17,paged,pagedcta ;;
   DN)
     # Session 13: is the decode gap to cuDNN a tail? ncu spread of SM active cycles (min / avg /
     # max over SMs) for our default wide kernel and cuDNN, b16 32k and b16 4k; bf16 d128 build.

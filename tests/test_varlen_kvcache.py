@@ -838,14 +838,14 @@ def _select_decode_cta(variant, monkeypatch):
     monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(variant))
 
 
-@pytest.mark.parametrize("stages", list(range(17)))
+@pytest.mark.parametrize("stages", list(range(18)))
 @pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
 def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
     _select_decode_cta(stages, monkeypatch)
     _run_kvcache(**kw)
 
 
-@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])
+@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17])
 @pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
 def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
     _select_decode_cta(stages, monkeypatch)
