@@ -7,10 +7,11 @@ default), skip + pf, skip + pipeline, cta1 .. cta17 (cuDNN's schedule: FLASH_ATT
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of the cache (the sm_90a
-bulk-copy kernel), "pagedcta" the same through the CTA-schedule kernel (FLASH_ATTN_DECODE_PAGED_CTA=1,
-A/B builds). --clean adds a second timer whose L2 flush reads a 256 MB buffer (clean lines)
-instead of do_bench's zero fill (dirty lines, written back during the timed kernel).
+A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of
+the cache (the sm_90a bulk-copy kernel), "pagedcta" the same through the CTA-schedule kernel
+(FLASH_ATTN_DECODE_PAGED_CTA=1, A/B builds). --clean adds a second timer whose L2 flush reads a
+256 MB buffer (clean lines) instead of do_bench's zero fill (dirty lines, written back during the
+timed kernel).
 
     python scripts/decode_variants_ab.py [--rounds 5] [--modes skip,cta11,cta11:s2,paged,...] [--clean]
 """
