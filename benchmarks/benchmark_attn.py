@@ -138,6 +138,11 @@ def parse_args(argv=None):
                    help="decode: time every backend this many times, in interleaved rounds "
                         "(ours, paged, flash, cudnn, ..., then again), and report the median; "
                         "clock / thermal drift over a run then hits every backend alike (default: 3)")
+    p.add_argument("--decode-clean", action="store_true",
+                   help="decode: also time every backend with a read-only L2 flush (a 256 MB "
+                        "buffer summed before each call) and print a second table: do_bench's "
+                        "zero fill leaves ~50 MB of dirty L2 lines that are written back during "
+                        "the timed call")
     p.add_argument("--features", action="store_true",
                    help="feature-cost mode instead of the grid: ours only, plain vs sliding "
                         "window (left=512), ALiBi, dropout 0.1, softcap and the deterministic "
@@ -297,6 +302,33 @@ class Bench:
             torch.cuda.synchronize()
             return float(statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)))
         return "CUDA events (median, L2 flushed)", bench
+
+    def clean_timer(self, fn, reps=40, warmup=3):
+        """Median ms of fn over CUDA events, each call after an L2 flush that reads a 256 MB buffer
+        (clean lines: nothing is written back during the timed call)."""
+        torch = self.torch
+        if getattr(self, "_read_flush", None) is None:
+            self._read_flush = torch.randn(64 * 1024 * 1024, device=DEVICE)
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            self._read_flush.sum()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return float(statistics.median(times))
+
+    @contextlib.contextmanager
+    def timer_swapped(self, timer):
+        saved, self._bench = self._bench, timer
+        try:
+            yield
+        finally:
+            self._bench = saved
 
     def n_rotations(self, set_bytes):
         """How many distinct input sets to rotate so one pass over them exceeds ~3x L2."""
@@ -741,6 +773,9 @@ def run_decode(bench, args, rows):
     print("\nDecode: bf16, seqlen_q=1, %d q heads / %d kv heads, d=%d; GB/s = bytes of K and V "
           "(GQA-sized) / median time (median of %d interleaved rounds); timer: %s" % (
               h, hk, d, max(1, args.decode_rounds), bench.timer_kind))
+    if args.decode_clean:
+        print("(rows 'read-fl.': the same calls timed over CUDA events after an L2 flush that reads, "
+              "not writes, a 256 MB buffer, median of 40 calls per round)")
     hdr = "%6s %8s %9s |" % ("batch", "seqlen_k", "KV MB") + "".join(" %12s |" % b for b in shown)
     print(hdr)
     print("-" * len(hdr))
@@ -767,6 +802,7 @@ def run_decode(bench, args, rows):
             rec = dict(cfg, backend=backend, n_input_sets=n_sets, kv_bytes=kv_bytes, note="")
             variants.append((backend, rec, lambda backend=backend: time_decode_other(bench, backend, cfg, sets, what, h, hk)))
         times = {name: [] for name, _, _ in variants}
+        clean_times = {name: [] for name, _, _ in variants}
         notes = {name: rec["note"] for name, rec, _ in variants}
         for _ in range(max(1, args.decode_rounds)):
             for name, rec, fn in variants:
@@ -774,6 +810,9 @@ def run_decode(bench, args, rows):
                     continue
                 try:
                     ms, note = fn()
+                    if args.decode_clean:
+                        with bench.timer_swapped(bench.clean_timer):
+                            clean_times[name].append(fn()[0])
                 except StickyCudaError:
                     raise
                 except Exception as e:  # noqa: BLE001
@@ -785,13 +824,18 @@ def run_decode(bench, args, rows):
                 times[name].append(ms)
                 if note is not None:
                     notes[name] = note
-        cells = {}
+        cells, clean_cells = {}, {}
         for name, rec, _ in variants:
             ms = sorted(times[name])[len(times[name]) // 2] if times[name] else None
             rec["fwd_ms"] = ms
             rec["gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
             rec["rounds_ms"] = times[name] or []
             rec["note"] = notes[name] or ""
+            if ms and clean_times[name]:
+                clean_ms = sorted(clean_times[name])[len(clean_times[name]) // 2]
+                rec["fwd_ms_read_flush"] = clean_ms
+                rec["gbps_read_flush"] = kv_bytes / (clean_ms * 1e-3) / 1e9
+                clean_cells[name] = "%.0f" % rec["gbps_read_flush"]
             rows.append(rec)
             star = "*" if ms and "outside the timed" in (notes[name] or "") else ""
             cells[name] = ("%.0f%s" % (rec["gbps"], star)) if ms else "n/a"
@@ -799,6 +843,9 @@ def run_decode(bench, args, rows):
         _empty_cache(torch)
         print("%6d %8d %9.0f |" % (batch, sk, kv_bytes / 1e6) +
               "".join(" %12s |" % cells.get(b, "") for b in shown), flush=True)
+        if args.decode_clean:
+            print("%6s %8s %9s |" % ("", "", "read-fl.") +
+                  "".join(" %12s |" % clean_cells.get(b, "n/a") for b in shown), flush=True)
     if any("outside the timed" in (r.get("note") or "") for r in rows if r.get("fwd_ms")):
         print("  * SDPA backend refused enable_gqa: K,V were repeated to %d heads outside the timed "
               "region, so the kernel read %dx more bytes than counted." % (h, h // hk))

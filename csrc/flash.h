@@ -121,8 +121,8 @@ struct FwdParams : QKVParams {
     int decode_cta;
     // Entries of the dense KV cache (k_cache.shape[0]; the TMA decode variant's batch extent).
     int kv_cache_batch;
-    // FLASH_ATTN_DECODE_PAGED_CTA=1 (A/B-only): paged d128 caches (power-of-two pages, no
-    // cache_leftpad, no softcap / ALiBi) through the CTA-schedule kernel instead of the sm_90a one.
+    // Paged d128 caches (power-of-two pages, no cache_leftpad, no softcap / ALiBi) through the
+    // CTA-schedule kernel instead of the sm_90a one (the default; FLASH_ATTN_DECODE_PAGED_CTA=0 off).
     bool decode_paged_cta;
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT).

@@ -65,9 +65,9 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
-// kPaged (A/B-only, FLASH_ATTN_DECODE_PAGED_CTA=1): K / V rows through params.block_table, for
-// power-of-two pages without cache_leftpad (the binding checks): a thread's rows of a tile come in
-// 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
+// kPaged (the paged default since session 17; FLASH_ATTN_DECODE_PAGED_CTA=0 turns it off): K / V
+// rows through params.block_table, for power-of-two pages without cache_leftpad (the binding
+// checks): a thread's rows of a tile come in 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
 // thread kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not
 // a division per row. (Session 16's first paged form, a division and an entry per row, was 14-22%
 // slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on

@@ -44,15 +44,13 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
             // default), 0 = the wide kernel, other values = A/B-only variants (FLASH_ATTN_AB_KERNELS=1).
             const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
             const bool wide_ab = !params.decode_skip_rescale || params.decode_l2_prefetch || params.decode_pipeline_s;
-            // Paged: only with the binding's FLASH_ATTN_DECODE_PAGED_CTA=1 (A/B-only; power-of-two
-            // pages, no cache_leftpad), in the default variant's shape.
+            // Paged: where the binding chose it (params.decode_paged_cta: power-of-two pages, no
+            // cache_leftpad), in the default variant's shape.
             const bool paged = params.block_table != nullptr;
-            if constexpr (kBuildAbKernels) {
-                if (paged && params.decode_paged_cta && params.decode_cta == kDecodeCtaDefault && !mod && !wide_ab &&
-                    params.d == 128) {
-                    launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, /*kPaged=*/true>(params, stream);
-                    return;
-                }
+            if (paged && params.decode_paged_cta && params.decode_cta == kDecodeCtaDefault && !mod && !wide_ab &&
+                params.d == 128) {
+                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, /*kPaged=*/true>(params, stream);
+                return;
             }
             if (params.decode_cta > 0 && !paged && !mod && !wide_ab && params.d == 128) {
                 if (params.decode_cta == kDecodeCtaDefault) {

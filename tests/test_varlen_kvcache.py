@@ -864,27 +864,27 @@ def test_kvcache_decode_paged_lengths(page, seqlen_cache, num_splits, leftpad):
                  new_kv=seqlen_cache > 1, num_splits=num_splits)
 
 
-# FLASH_ATTN_DECODE_PAGED_CTA=1 (A/B-only, session 16): paged d128 caches with power-of-two pages and no
-# cache_leftpad through the CTA-schedule kernel; other paged calls (48-token pages, left padding) keep
-# the sm_90a kernel under the switch.
-PAGED_CTA_CASES = [c for c in KV_CASES if c[1].get("page") is not None]
+# Paged d128 caches with power-of-two pages and no cache_leftpad run the CTA-schedule kernel (the
+# default since session 17); FLASH_ATTN_DECODE_PAGED_CTA=0 keeps them on the sm_90a kernel, which
+# also takes the other paged calls (48-token pages, left padding) either way. Both settings here.
+PAGED_CASES = [c for c in KV_CASES if c[1].get("page") is not None]
 
 
+@pytest.mark.parametrize("paged_cta", ["1", "0"])
 @pytest.mark.parametrize("page", [16, 32, 64, 256, 48])
 @pytest.mark.parametrize("seqlen_cache, num_splits, leftpad", [(1, 0, False), (17, 1, False), (113, 0, False),
                                                                (1023, 3, True), (5000, 0, False),
                                                                (32 * 1024 + 5, 0, False)])
-def test_kvcache_decode_paged_cta(page, seqlen_cache, num_splits, leftpad, monkeypatch):
-    require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", "1")
+def test_kvcache_decode_paged_cta(page, seqlen_cache, num_splits, leftpad, paged_cta, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", paged_cta)
     _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, page=page, leftpad=leftpad,
                  new_kv=seqlen_cache > 1, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("name, kw", PAGED_CTA_CASES, ids=[c[0] for c in PAGED_CTA_CASES])
-def test_kvcache_decode_paged_cta_cases(name, kw, monkeypatch):
-    require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", "1")
+# The KV_CASES paged cases (run with the default above) on the sm_90a kernel.
+@pytest.mark.parametrize("name, kw", PAGED_CASES, ids=[c[0] for c in PAGED_CASES])
+def test_kvcache_paged_cases_sm90_kernel(name, kw, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", "0")
     _run_kvcache(**kw)
 
 
@@ -912,7 +912,6 @@ def test_kvcache_decode_kernel_switch_rejects_unknown(var, value, monkeypatch):
 # A/B-only kernels (FLASH_ATTN_AB_KERNELS=1 builds): their switches raise in other builds, with
 # an error that names the build flag, instead of silently running the default kernel.
 @pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_PIPELINE", "1"), ("FLASH_ATTN_DECODE_CTA", "1"),
-                                        ("FLASH_ATTN_DECODE_PAGED_CTA", "1"),
                                         ("FLASH_ATTN_BWD_WS_DQ_V4", "1"),
                                         ("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", "1"), ("FLASH_ATTN_BWD_WS_M128", "0"),
                                         ("FLASH_ATTN_BWD_WS_OVERLAP", "1")])
