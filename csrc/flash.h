@@ -217,6 +217,11 @@ struct BwdParams : FwdParams {
     // binding from FLASH_ATTN_BWD_WS_DROPOUT (default on). (In the padding after bwd_ws_det.)
     bool bwd_ws_dropout;
     int dq_slice_block_m, dq_slice_block_n;
+    // Deterministic WS calls walking the key blocks downwards (causal / bounded right window): the
+    // heads whose CTAs are interleaved in the launch order, key block by key block (1 = one head
+    // after the other; set by the binding from FLASH_ATTN_BWD_WS_DET_HEAD_GROUP, default 2; 0 reads
+    // as 1). See bwd_ws_tile_coords (hopper/flash_bwd_ws_kernel_sm90.h).
+    int bwd_ws_det_head_group;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
     // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each

@@ -461,6 +461,17 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     return descending || max_seqlen_k <= 128 ? 1 : 2;
 }
 
+// FLASH_ATTN_BWD_WS_DET_HEAD_GROUP=1..8 (read at each call; default 2): how many heads' key blocks
+// the WS deterministic causal backward interleaves in its launch order (BwdParams).
+int ws_det_head_group() {
+    const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP");
+    if (env == nullptr || env[0] == '\0') return 2;
+    const std::string choice(env);
+    FLASH_CHECK(choice.size() == 1 && choice[0] >= '1' && choice[0] <= '8',
+                "flash_attn: FLASH_ATTN_BWD_WS_DET_HEAD_GROUP must be an integer from 1 to 8, got '", choice, "'");
+    return choice[0] - '0';
+}
+
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
 // the sm_90a backward and the d = 256 fixed-feature-set kernels, else one int32 counter per (b, h,
 // 64-row block of seqlen_q_rounded rows), returned in `semaphore` (it must outlive the launch).
@@ -481,6 +492,7 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
         semaphore = at::zeros({splits, b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
         p.dq_semaphore_ptr = semaphore.data_ptr<int>();
         p.bwd_ws_det = true;
+        p.bwd_ws_det_head_group = ws_det_head_group();
         return dq_accum;
     }
     const int sm90_splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;

@@ -370,6 +370,37 @@ def test_deterministic_bitwise(d, causal, window, hk, sq, sk, ws_det, monkeypatc
             assert torch.equal(a, r), f"{name} differs between deterministic runs"
 
 
+# FLASH_ATTN_BWD_WS_DET_HEAD_GROUP (read at each call): how many heads' key blocks the WS
+# deterministic causal backward interleaves in its launch order. Only the launch order changes,
+# not the order of the dQ additions, so every group size gives the same bits; b * h = 1 x 3 and
+# 3 x 5 leave a last group with fewer heads.
+@pytest.mark.parametrize("d, b, h, hk, sq, sk, window", [
+    (64, 1, 3, 3, 1031, 777, (-1, 0)),
+    (128, 3, 5, 5, 600, 1100, (-1, 0)),
+    (128, 2, 4, 2, 513, 513, (200, 0)),
+    (256, 1, 3, 1, 700, 900, (-1, 0)),
+])
+def test_deterministic_head_group_bitwise(d, b, h, hk, sq, sk, window, monkeypatch):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    out = flash_attn_func(q, k, v, window_size=window, deterministic=True)
+    grads = {}
+    for group in ("1", "2", "3", "8"):
+        monkeypatch.setenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP", group)
+        grads[group] = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    check_against_ref(out, None, grads["2"], q, k, v, dout, False, grad_factor=3, window_size=window)
+    for group, g in grads.items():
+        for name, a, r in zip(("dq", "dk", "dv"), g, grads["1"]):
+            assert torch.equal(a, r), f"{name} with head group {group} differs from head group 1"
+    monkeypatch.setenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP", "9")
+    with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_BWD_WS_DET_HEAD_GROUP"):
+        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
 def test_deterministic_matches_default_closely():
     dtype = torch.float16
     require_config(dtype, 64)
