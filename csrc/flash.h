@@ -219,7 +219,7 @@ struct BwdParams : FwdParams {
     int dq_slice_block_m, dq_slice_block_n;
     // Deterministic WS calls walking the key blocks downwards (causal / bounded right window): the
     // heads whose CTAs are interleaved in the launch order, key block by key block (1 = one head
-    // after the other; set by the binding from FLASH_ATTN_BWD_WS_DET_HEAD_GROUP, default 2; 0 reads
+    // after the other; set by the binding, ws_det_head_group: 2 at head dim 256, else 1; 0 reads
     // as 1). See bwd_ws_tile_coords (hopper/flash_bwd_ws_kernel_sm90.h).
     int bwd_ws_det_head_group;
 

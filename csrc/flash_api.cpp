@@ -461,11 +461,15 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     return descending || max_seqlen_k <= 128 ? 1 : 2;
 }
 
-// FLASH_ATTN_BWD_WS_DET_HEAD_GROUP=1..8 (read at each call; default 2): how many heads' key blocks
-// the WS deterministic causal backward interleaves in its launch order (BwdParams).
-int ws_det_head_group() {
+// How many heads' key blocks the WS deterministic causal backward interleaves in its launch order
+// (BwdParams::bwd_ws_det_head_group). Session 17, H200 bf16 8k causal, deterministic backward /
+// default for 1 / 2 / 4 heads (docs/results/s17/hg_det_head_group_ab.log): d64 1.014 / 1.011 /
+// 1.005, d128 1.037 / 1.045 / 1.055, d256 1.214 / **1.191** / 1.385 (4 heads' Q, dO and fp32 dQ
+// slices, 64 MB, no longer fit in L2). Default: 2 at head dim 256, else 1 (one head after the
+// other). FLASH_ATTN_BWD_WS_DET_HEAD_GROUP=1..8 (read at each call) overrides it, for measurement.
+int ws_det_head_group(const flash::BwdParams &p) {
     const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP");
-    if (env == nullptr || env[0] == '\0') return 2;
+    if (env == nullptr || env[0] == '\0') return p.head_dim_tile == 256 ? 2 : 1;
     const std::string choice(env);
     FLASH_CHECK(choice.size() == 1 && choice[0] >= '1' && choice[0] <= '8',
                 "flash_attn: FLASH_ATTN_BWD_WS_DET_HEAD_GROUP must be an integer from 1 to 8, got '", choice, "'");
@@ -492,7 +496,7 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
         semaphore = at::zeros({splits, b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
         p.dq_semaphore_ptr = semaphore.data_ptr<int>();
         p.bwd_ws_det = true;
-        p.bwd_ws_det_head_group = ws_det_head_group();
+        p.bwd_ws_det_head_group = ws_det_head_group(p);
         return dq_accum;
     }
     const int sm90_splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;
