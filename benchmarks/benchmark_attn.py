@@ -206,6 +206,19 @@ def fmt_num(x, width=5):
 # --------------------------------------------------------------------------------------
 # The GPU part
 # --------------------------------------------------------------------------------------
+
+def _flushed_event_median_ms(torch, fn, flush, n):
+    """Median ms of n calls of fn, each timed by CUDA events after flush() (an L2 flush)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for start, end in zip(starts, ends):
+        flush()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return float(statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)))
+
 class StickyCudaError(RuntimeError):
     pass
 
@@ -292,15 +305,7 @@ class Bench:
             for _ in range(max(1, int(warmup / est))):
                 fn()
             n = max(5, min(10000, int(rep / est)))
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            for i in range(n):
-                flush.zero_()
-                starts[i].record()
-                fn()
-                ends[i].record()
-            torch.cuda.synchronize()
-            return float(statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)))
+            return _flushed_event_median_ms(torch, fn, flush.zero_, n)
         return "CUDA events (median, L2 flushed)", bench
 
     def clean_timer(self, fn, reps=40, warmup=3):
@@ -311,16 +316,7 @@ class Bench:
             self._read_flush = torch.randn(64 * 1024 * 1024, device=DEVICE)
         for _ in range(warmup):
             fn()
-        times = []
-        for _ in range(reps):
-            self._read_flush.sum()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return float(statistics.median(times))
+        return _flushed_event_median_ms(torch, fn, self._read_flush.sum, reps)
 
     @contextlib.contextmanager
     def timer_swapped(self, timer):
