@@ -127,6 +127,9 @@ struct FwdParams : QKVParams {
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT).
     bool fwd_ws_persistent;
+    // Split-KV with num_splits > 1: launch the combine kernel as a programmatic dependent launch
+    // (sm_90+; set by the binding, FLASH_ATTN_DECODE_PDL=0 off; flash_fwd_splitkv_kernel.h).
+    bool decode_pdl;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

@@ -15,6 +15,26 @@ namespace flash {
 
 using namespace cute;
 
+// Programmatic dependent launch (sm_90+): the combine kernel is launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization, so that its launch and CTA setup overlap the
+// tail of the split kernel; the split kernels signal launch_dependents at their start (the
+// dependent grid is then scheduled once every split CTA has started) and the combine kernel waits
+// for the split kernel's completion and memory flush before it reads a partial. Both are no-ops
+// before sm_90 and without the launch attribute. (cutlass/arch/grid_dependency_control.h has the
+// same two instructions, but only for sm_90a builds and behind the GEMM dispatch headers.)
+__forceinline__ __device__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__forceinline__ __device__ void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+
 // kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
 // segment around the 16 bytes; a K/V row of d = 128 is one such segment).
 template <bool kL2Prefetch = false>

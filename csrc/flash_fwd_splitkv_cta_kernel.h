@@ -105,6 +105,7 @@ template <typename Traits, bool kPaged = false, int kClusterSync = 0, bool kTma 
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_splitkv_cta_kernel(const __grid_constant__ typename SplitKVCtaArg<Traits, kTma>::type kernel_arg) {
     FwdParams const &params = splitkv_cta_params(kernel_arg);
+    pdl_launch_dependents();  // the combine kernel may be scheduled once every CTA has started
     using Arg = SplitKVCtaArg<Traits, kTma>;
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;

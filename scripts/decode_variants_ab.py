@@ -7,9 +7,10 @@ default), skip + pf, skip + pipeline, cta1 .. cta17 (cuDNN's schedule: FLASH_ATT
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-A mode name may carry the suffix ":sN" (num_splits=N). Mode "paged" runs a 16-token paged copy of
+A mode name may carry the suffixes ":sN" (num_splits=N) and ":nopdl" (FLASH_ATTN_DECODE_PDL=0: the
+combine kernel, where num_splits > 1, launched without programmatic dependent launch). Mode "paged" runs a 16-token paged copy of
 the cache (the sm_90a bulk-copy kernel), "pagedcta" the same through the CTA-schedule kernel
-(FLASH_ATTN_DECODE_PAGED_CTA=1, A/B builds). --clean adds a second timer whose L2 flush reads a
+(FLASH_ATTN_DECODE_PAGED_CTA=1, the default since session 17). --clean adds a second timer whose L2 flush reads a
 256 MB buffer (clean lines) instead of do_bench's zero fill (dirty lines, written back during the
 timed kernel).
 
@@ -51,9 +52,10 @@ PAGE = 16
 
 
 def parse_mode(mode):
-    """(base mode, num_splits) of a mode name such as "cta11:s2"."""
-    name, _, splits = mode.partition(":s")
-    return name, int(splits or 0)
+    """(base mode, num_splits) of a mode name such as "cta11:s2" or "cta11:s4:nopdl"."""
+    name, *suffixes = mode.split(":")
+    splits = [int(x[1:]) for x in suffixes if x.startswith("s")]
+    return name, splits[0] if splits else 0
 
 
 def set_mode(mode):
@@ -61,6 +63,7 @@ def set_mode(mode):
     for var, value in zip(VARS, MODE_ENV[{"paged": "skip", "pagedcta": "cta11"}.get(base, base)]):
         os.environ[var] = value
     os.environ["FLASH_ATTN_DECODE_PAGED_CTA"] = "1" if base == "pagedcta" else "0"
+    os.environ["FLASH_ATTN_DECODE_PDL"] = "0" if "nopdl" in mode.split(":")[1:] else "1"
 
 
 def paged_copy(k, v):
@@ -91,8 +94,7 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__)
     import flash_attn._C as ext
 
-    built = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY] + ["paged"]
-    built += ["pagedcta"] if ext.ab_kernels_built() else []
+    built = [m for m in MODES if ext.ab_kernels_built() or m not in AB_ONLY] + ["paged", "pagedcta"]
     modes = [m for m in args.modes.split(",") if parse_mode(m)[0] in built] if args.modes else built
     for b, s in ((16, 4096), (16, 32768), (4, 131072)):
         torch.manual_seed(b + s)
@@ -152,7 +154,7 @@ def main():
             cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in clean.items() if t]
             print("      read-only L2 flush           GB/s: %s" % "  ".join(cells), flush=True)
         del kp, vp, flush
-    for var in VARS + ("FLASH_ATTN_DECODE_PAGED_CTA",):
+    for var in VARS + ("FLASH_ATTN_DECODE_PAGED_CTA", "FLASH_ATTN_DECODE_PDL"):
         os.environ.pop(var, None)
 
 

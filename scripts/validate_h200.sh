@@ -39,6 +39,8 @@
 #   PART=S2 bash scripts/validate_h200.sh  # d256 build: every non-dropout d256 WS backward with dQ
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
+#   PART=S18A bash scripts/validate_h200.sh # full build; kvcache tests; decode A/B (PDL, splits); kernel times
+#   PART=S18B bash scripts/validate_h200.sh # suite; features; PART=C benchmarks; ncu dropout issue slots
 #   PART=C2 bash scripts/validate_h200.sh  # d256 bwd times, dropout / d256 checks; grid
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
@@ -150,6 +152,26 @@ case ${PART:-A} in
     TAIL=14 step bench_bwd_d256_mod 30 $PY scripts/bench_bwd_d256_mod.py
     TAIL=3 step test 120 $PY -m pytest tests -q -x
     TAIL=20 step check_bwd_ws_d256 100 $PY scripts/check_bwd_ws_d256.py --timeout 30 --no-bench ;;
+  S18A)
+    # Session 18, first call: full build; kvcache tests (the combine rewrite: lse in registers, partials
+    # 8 splits at a time; the programmatic dependent launch, FLASH_ATTN_DECODE_PDL); decode A/B of PDL
+    # and split counts next to cuDNN; the decode kernels' own times.
+    build
+    TAIL=3 step test_kv 120 $PY -m pytest tests/test_varlen_kvcache.py -q -x
+    TAIL=8 step decode_ab 150 $PY scripts/decode_variants_ab.py --rounds 5 --clean \
+      --modes cta11,cta11:nopdl,cta11:s2,cta11:s4,cta11:s8,cta11:s16,pagedcta
+    TAIL=12 step ktimes 60 $PY scripts/decode_kernel_times.py ;;
+  S18B)
+    # Session 18, second call (same machine; rebuilds if cold): the suite; feature costs; PART=C's
+    # benchmarks; then ncu issue-slot counts of plain vs dropout WS forward / backward at d64 / d128.
+    built || build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    TAIL=10 step decode 80 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
+    TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
+    TAIL=2 step ncu_issue 200 bash scripts/ncu_dropout_issue.sh ;;
   G2)
     # Session 13, first call (branch with ws-d256-drop-stage): full build; the suite; feature costs.
     build

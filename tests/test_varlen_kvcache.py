@@ -758,6 +758,41 @@ def test_kvcache_many_splits_fill_gpu():
     torch.testing.assert_close(c, b, atol=2e-3, rtol=1e-2)
 
 
+# The combine step (session 18): lse of up to 128 splits in 4 registers per lane, partials loaded 8
+# splits at a time, a programmatic dependent launch on sm_90 (FLASH_ATTN_DECODE_PDL, read at each
+# call). Split counts across the register / chunk boundaries, head dims with 2, 3, 4 and 8 columns per
+# lane, sequences whose tail splits are empty (seqused shorter than the cache), against the reference.
+@pytest.mark.parametrize("num_splits", [2, 9, 33, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+def test_kvcache_combine_split_counts(d, num_splits):
+    _run_kvcache(d=d, b=2, sq=1, h=8, hk=2, seqlen_cache=16 * 1024 + 17, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("num_splits, seqlen_cache, paged", [(4, 131, False), (0, 40000, False), (7, 3001, True)])
+def test_kvcache_combine_pdl_bitwise(d, num_splits, seqlen_cache, paged, monkeypatch):
+    """The programmatic dependent launch changes only when the combine kernel starts: bitwise equal."""
+    require_gpu()
+    require_config(torch.bfloat16, d)
+    torch.manual_seed(seqlen_cache + d)
+    q = torch.randn(3, 1, 32, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(3, seqlen_cache, 8, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    seqlens = torch.tensor([seqlen_cache, seqlen_cache // 3, 1], dtype=torch.int32, device="cuda")
+    kw = dict(cache_seqlens=seqlens, num_splits=num_splits, return_softmax_lse=True)
+    if paged:  # 16-token pages in a random order (only PDL off / on are compared)
+        pages = (seqlen_cache + 15) // 16
+        kc = torch.randn(3 * pages, 16, 8, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        kw["block_table"] = torch.randperm(3 * pages, device="cuda").view(3, pages).to(torch.int32)
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PDL", "0")
+    out0, lse0 = flash_attn_with_kvcache(q, kc, vc, **kw)
+    monkeypatch.setenv("FLASH_ATTN_DECODE_PDL", "1")
+    out1, lse1 = flash_attn_with_kvcache(q, kc, vc, **kw)
+    assert not torch.isnan(out1).any() and torch.isfinite(lse1).all()
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
 # The sm_90a bulk-copy decode kernel (FLASH_ATTN_DECODE_KERNEL=new, read by the binding at each
 # call): the split-KV cases again, plus tail / empty-split / page-size corners. Off sm_90, or for
 # head dims other than 64 / 128, the binding falls back to the SM80-class kernel.

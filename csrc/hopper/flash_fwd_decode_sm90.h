@@ -79,6 +79,7 @@ struct DecodeKernelTraitsSm90 {
 template <typename Traits, bool kMod = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_sm90(const __grid_constant__ FwdParams params) {
 #if defined(CUTE_ARCH_TMA_SM90_ENABLED)
+    pdl_launch_dependents();  // the combine kernel may be scheduled once every CTA has started
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
     using TiledMma = typename WT::TiledMma;
