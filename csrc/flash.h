@@ -130,9 +130,6 @@ struct FwdParams : QKVParams {
     // Split-KV with num_splits > 1: launch the combine kernel as a programmatic dependent launch
     // (sm_90+; set by the binding, FLASH_ATTN_DECODE_PDL=0 off; flash_fwd_splitkv_kernel.h).
     bool decode_pdl;
-    // The d128 CTA-schedule decode kernel's K / V loads with an L2 evict_first policy (set by the
-    // binding, FLASH_ATTN_DECODE_EVICT_FIRST=0 off: evict_normal; flash_fwd_splitkv_common.h).
-    bool decode_evict_first;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
     // Varlen: total number of query rows (the zero-filled tail starts at cu_seqlens_q[b]).

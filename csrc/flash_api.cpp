@@ -1127,7 +1127,6 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
         params.decode_skip_rescale = env_switch("FLASH_ATTN_DECODE_SKIP_RESCALE", true);
         params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
         params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
-        params.decode_evict_first = env_switch("FLASH_ATTN_DECODE_EVICT_FIRST", true);
         params.decode_pdl = env_switch("FLASH_ATTN_DECODE_PDL", true) &&
                             cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device(), 0) >= 9;
         require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");

@@ -50,33 +50,6 @@ __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, 
 #endif
 }
 
-// An L2 cache policy for the streamed K / V of a decode call (each byte read once per call):
-// evict_first (params.decode_evict_first, the default) lets those lines go before anything else in
-// their L2 set, so a decode pass leaves what was in the L2 in place instead of evicting all of it
-// (dirty lines included, whose write-backs would share the DRAM bandwidth with the K / V reads);
-// evict_normal is the plain cp.async behaviour, for A/B.
-__forceinline__ __device__ uint64_t l2_policy_kv_stream(bool evict_first) {
-    uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (evict_first) {
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    } else {
-        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-    }
-#endif
-    return policy;
-}
-
-// cp_async_16_zfill with an L2 cache policy (l2_policy_kv_stream).
-__forceinline__ __device__ void cp_async_16_zfill_hint(void *smem, const void *gmem, bool pred, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int src_size = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_size), "l"(policy));
-#endif
-}
-
 // A split's key tiles: [begin, end) in units of the kernel's tile (none when end <= begin).
 struct SplitKVTiles {
     int begin, end;

@@ -181,7 +181,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
     };
-    const uint64_t kv_policy = l2_policy_kv_stream(params.decode_evict_first);
     auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage,
                          [[maybe_unused]] index_t page_stride) {
         if constexpr (kPaged) {
@@ -195,8 +194,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     const int r = 16 * c + load_row + 8 * h;  // row of the tile
                     const bool ok = tile * kBlockN + r < seqlen_k;
                     Tensor s = sub_tile(ring, stage, r / kBlockNw);
-                    cp_async_16_zfill_hint(&s(r % kBlockNw, load_col), ok ? src + index_t(8 * h) * row_stride : head, ok,
-                                           kv_policy);
+                    cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(8 * h) * row_stride : head, ok);
                 }
             }
         } else {
@@ -207,8 +205,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const int r = load_row + j * kRowsPerPass;  // row of the tile
                 const bool ok = key0 + j * kRowsPerPass < seqlen_k;
                 Tensor s = sub_tile(ring, stage, r / kBlockNw);
-                cp_async_16_zfill_hint(&s(r % kBlockNw, load_col),
-                                       ok ? src + index_t(j * kRowsPerPass) * row_stride : head, ok, kv_policy);
+                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
+                                  ok);
             }
         }
     };

@@ -7,9 +7,8 @@ default), skip + pf, skip + pipeline, cta1 .. cta17 (cuDNN's schedule: FLASH_ATT
 Checks first that the wide-kernel variants give bitwise the same out / LSE (the cta ones: max
 difference from skip). GB/s = bytes of K and V / median time (triton do_bench, median of --rounds rounds).
 
-A mode name may carry the suffixes ":sN" (num_splits=N), ":nopdl" (FLASH_ATTN_DECODE_PDL=0: the
-combine kernel, where num_splits > 1, launched without programmatic dependent launch) and ":noevict"
-(FLASH_ATTN_DECODE_EVICT_FIRST=0: the CTA kernel's K / V loads with the evict_normal L2 policy). Mode "paged" runs a 16-token paged copy of
+A mode name may carry the suffixes ":sN" (num_splits=N) and ":nopdl" (FLASH_ATTN_DECODE_PDL=0: the
+combine kernel, where num_splits > 1, launched without programmatic dependent launch). Mode "paged" runs a 16-token paged copy of
 the cache (the sm_90a bulk-copy kernel), "pagedcta" the same through the CTA-schedule kernel
 (FLASH_ATTN_DECODE_PAGED_CTA=1, the default since session 17). --clean adds a second timer whose L2 flush reads a
 256 MB buffer (clean lines) instead of do_bench's zero fill (dirty lines, written back during the
@@ -65,7 +64,6 @@ def set_mode(mode):
         os.environ[var] = value
     os.environ["FLASH_ATTN_DECODE_PAGED_CTA"] = "1" if base == "pagedcta" else "0"
     os.environ["FLASH_ATTN_DECODE_PDL"] = "0" if "nopdl" in mode.split(":")[1:] else "1"
-    os.environ["FLASH_ATTN_DECODE_EVICT_FIRST"] = "0" if "noevict" in mode.split(":")[1:] else "1"
 
 
 def paged_copy(k, v):
@@ -156,7 +154,7 @@ def main():
             cells = ["%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in clean.items() if t]
             print("      read-only L2 flush           GB/s: %s" % "  ".join(cells), flush=True)
         del kp, vp, flush
-    for var in VARS + ("FLASH_ATTN_DECODE_PAGED_CTA", "FLASH_ATTN_DECODE_PDL", "FLASH_ATTN_DECODE_EVICT_FIRST"):
+    for var in VARS + ("FLASH_ATTN_DECODE_PAGED_CTA", "FLASH_ATTN_DECODE_PDL"):
         os.environ.pop(var, None)
 
 

@@ -41,7 +41,6 @@
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
 #   PART=S18A bash scripts/validate_h200.sh # full build; kvcache tests; decode A/B (PDL, splits); kernel times
 #   PART=S18B bash scripts/validate_h200.sh # suite; features; PART=C benchmarks; ncu dropout issue slots
-#   PART=S18C bash scripts/validate_h200.sh # full build; suite; decode A/B of the L2 evict_first policy
 #   PART=C2 bash scripts/validate_h200.sh  # d256 bwd times, dropout / d256 checks; grid
 #   PART=N bash scripts/validate_h200.sh   # branch next: build; WS deterministic check; suite;
 #                                          # feature costs
@@ -173,15 +172,6 @@ case ${PART:-A} in
     TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
     TAIL=56 step grid 170 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
     TAIL=2 step ncu_issue 200 bash scripts/ncu_dropout_issue.sh ;;
-  S18C)
-    # Session 18, third call: the CTA decode kernel's K / V loads with an L2 evict_first policy
-    # (FLASH_ATTN_DECODE_EVICT_FIRST, default on): full build; the suite; decode A/B (evict_first vs
-    # evict_normal, contiguous and paged) next to cuDNN; the decode benchmark.
-    build
-    TAIL=3 step test 240 $PY -m pytest tests -q -x
-    TAIL=8 step decode_ab 90 $PY scripts/decode_variants_ab.py --rounds 5 --clean \
-      --modes cta11,cta11:noevict,pagedcta,pagedcta:noevict
-    TAIL=10 step decode 60 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec ;;
   G2)
     # Session 13, first call (branch with ws-d256-drop-stage): full build; the suite; feature costs.
     build
