@@ -20,8 +20,9 @@ rows = [r for r in csv.reader(sys.stdin) if len(r) > 5]
 if len(rows) < 3:
     print("  (no ncu rows)"); sys.exit(1)
 head, units, vals = rows[0], rows[1], rows[2]
+wanted = sys.argv[1].split(",")
 for i, name in enumerate(head):
-    if "__" in name:
+    if name in wanted:
         print("  %-80s %14s %s" % (name, vals[i], units[i]))
 '
 IFS=';' read -ra cases <<< "${CASES:-fwd 64 0.0;fwd 64 0.1;bwd 64 0.0;bwd 64 0.1;fwd 128 0.0;fwd 128 0.1;bwd 128 0.0;bwd 128 0.1}"
@@ -32,7 +33,7 @@ for case in "${cases[@]}"; do
   for m in "$METRICS" "$BASIC"; do  # the basic set if this ncu lacks a metric of the full one
     timeout ${NCU_TIMEOUT:-100} ncu --clock-control none -k regex:$kernel --launch-skip 3 --launch-count 1 \
       --metrics $m --csv --page raw $PY "$HERE/dropout_profile_case.py" $pass $d $p > /tmp/ncu_issue.csv 2>&1
-    grep -v "^==" /tmp/ncu_issue.csv | $PY -c "$SUMMARY" && break
+    grep -v "^==" /tmp/ncu_issue.csv | $PY -c "$SUMMARY" "$m" && break
     grep "^==ERROR==" /tmp/ncu_issue.csv | head -3
   done
 done
