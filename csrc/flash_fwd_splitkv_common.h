@@ -34,7 +34,6 @@ __forceinline__ __device__ void pdl_wait_primary() {
 #endif
 }
 
-
 // kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
 // segment around the 16 bytes; a K/V row of d = 128 is one such segment).
 template <bool kL2Prefetch = false>
