@@ -39,6 +39,7 @@
 #   PART=S2 bash scripts/validate_h200.sh  # d256 build: every non-dropout d256 WS backward with dQ
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
+#   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S18A bash scripts/validate_h200.sh # full build; kvcache tests; decode A/B (PDL, splits); kernel times
 #   PART=S18B bash scripts/validate_h200.sh # suite; features; PART=C benchmarks; ncu dropout issue slots
 #   PART=C2 bash scripts/validate_h200.sh  # d256 bwd times, dropout / d256 checks; grid
@@ -152,6 +153,16 @@ case ${PART:-A} in
     TAIL=14 step bench_bwd_d256_mod 30 $PY scripts/bench_bwd_d256_mod.py
     TAIL=3 step test 120 $PY -m pytest tests -q -x
     TAIL=20 step check_bwd_ws_d256 100 $PY scripts/check_bwd_ws_d256.py --timeout 30 --no-bench ;;
+  S19A)
+    # Session 19, dev call: dropout Philox on the producer warps (fwd: warps 1-3, ring of two slots;
+    # bwd: warps 2-3). Head dims 64 / 128 build; dropout tests; feature costs; WS dropout bwd check;
+    # the suite on this build.
+    export FLASH_ATTN_HEAD_DIMS=64,128
+    build
+    TAIL=4 step test_drop 120 $PY -m pytest tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x -k dropout
+    TAIL=20 step features 50 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat
+    TAIL=18 step check_bwd_ws_dropout 100 $PY scripts/check_bwd_ws_dropout.py --timeout 60 --no-bench
+    TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
   S18A)
     # Session 18, first call: full build; kvcache tests (the combine rewrite: lse in registers, partials
     # 8 splits at a time; the programmatic dependent launch, FLASH_ATTN_DECODE_PDL); decode A/B of PDL

@@ -413,8 +413,25 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     // the dK, dV and dQ accumulators, 192 registers, and spilled): its buffer's readers (block
     // m - 1) passed block m - 1's dS barrier before any thread got here, and block m's dS barrier
     // orders the writes before block m + 1 reads them.
+    // Traits::kDropoutInProducer (not split-d): warps 2-3 of the producer warpgroup generate every
+    // block's flags into buffer (m - m_block_min) % 2 (bwd_ws_dropout_producer); the consumers wait
+    // for the buffer's full barrier before their first read (the P^T mask) and arrive on its empty
+    // barrier after their last (the dP^T mask), so make_drop_flags is not called.
+    auto drop_wait_full = [&](int m_block) {
+        if constexpr (Traits::kDropoutInProducer) {
+            const int t = m_block - m_block_min;
+            cutlass::arch::ClusterBarrier::wait(&ss.drop_full[t % Traits::kDropFlagBuffers],
+                                                (t / Traits::kDropFlagBuffers) & 1);
+        }
+    };
+    auto drop_release = [&](int m_block) {
+        if constexpr (Traits::kDropoutInProducer) {
+            cutlass::arch::ClusterBarrier::arrive(&ss.drop_empty[(m_block - m_block_min) % Traits::kDropFlagBuffers]);
+        }
+    };
     auto make_drop_flags = [&](int m_block) {
-        if constexpr (Traits::kDropout && Traits::kSplitD) {
+        if constexpr (Traits::kDropoutInProducer) {
+        } else if constexpr (Traits::kDropout && Traits::kSplitD) {
             dropout_bwd_generate2_half<Traits::kNConsumerThreads>(Dropout(params, bidb, bidh), drop_flags(m_block),
                                                                   m_block, n_block, tidx);
         } else if constexpr (Traits::kDropout) {
@@ -683,6 +700,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             if constexpr (Traits::kSplitD) {
                 dropout_bwd_apply_p_half(rP, drop_flags(m_block), coords_st);
             } else {
+                drop_wait_full(m_block);
                 dropout_bwd_apply_p2<kBlockM>(rP, drop_flags(m_block), coords_st);
             }
         }
@@ -703,6 +721,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                 dropout_bwd_apply_dp_half(acc_dp, drop_flags(m_block), coords_st);
             } else {
                 dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags(m_block), coords_st);
+                drop_release(m_block);
             }
         }
         const float dp_scale = Traits::kDropout ? params.rp_dropout : 1.f;
@@ -828,6 +847,30 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     store_dk_dv();
 }
 
+// ---- dropout flags (Traits::kDropoutInProducer): warps 2-3 of the producer warpgroup ----------
+// Block m's flags (dropout_bwd_generate2's 256 thread items, four per producer thread) into
+// buffer t % 2 (t = m - m_block_min) once the consumers have released its block t - 2. This
+// takes the Philox calls off the consumers, whose dependent chain between the GEMMs they
+// lengthened; these warps otherwise idle and the SM's issue slots are far from busy.
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_dropout_producer(BwdParams const &params, typename Traits::SharedStorage &ss,
+                                                        int bidb, int bidh, int n_block, int m_block_min,
+                                                        int m_block_max, int ptid) {
+    constexpr int kBuffers = Traits::kDropFlagBuffers;
+    const Dropout dropout(params, bidb, bidh);
+    for (int m_block = m_block_min, t = 0; m_block < m_block_max; ++m_block, ++t) {
+        const int b = t % kBuffers;
+        cutlass::arch::ClusterBarrier::wait(&ss.drop_empty[b], ((t / kBuffers) & 1) ^ 1);
+        uint32_t *flags = ss.smem_drop_flags.data() + b * Traits::kDropFlagWords;
+#pragma unroll 1
+        for (int item = ptid; item < Traits::kNConsumerThreads; item += Traits::kDropProducerThreads) {
+            dropout_bwd_generate2<Traits::kBlockM, Traits::kBlockN, Traits::kNConsumerThreads>(dropout, flags, m_block,
+                                                                                               n_block, item);
+        }
+        cutlass::arch::ClusterBarrier::arrive(&ss.drop_full[b]);
+    }
+}
+
 // Grid (key blocks, b, h), 384 threads: warpgroup 0 the producer, 1-2 the consumers.
 template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
@@ -857,6 +900,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     pipe_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
     pipe_params.is_leader = threadIdx.x == 0;  // the producer thread
     pipe_params.num_consumers = Traits::kNConsumerThreads;
+    if constexpr (Traits::kDropoutInProducer) {
+        if (threadIdx.x == 0) {
+            CUTE_UNROLL
+            for (int b = 0; b < Traits::kDropFlagBuffers; ++b) {
+                cutlass::arch::ClusterBarrier::init(&ss.drop_full[b], Traits::kDropProducerThreads);
+                cutlass::arch::ClusterBarrier::init(&ss.drop_empty[b], Traits::kNConsumerThreads);
+            }
+        }
+    }
     // The constructor initialises the barriers from warp 0 and fences the initialisation.
     Pipeline pipeline(ss.pipeline, pipe_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on or arrives at them
@@ -883,6 +935,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 } else {  // split-d: the dQ tile sits in the Q / dO stage
                     bwd_ws_write_dq_split_d<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min,
                                                     m_block_max);
+                }
+            } else if constexpr (Traits::kDropoutInProducer) {
+                if (m_block_max > m_block_min) {  // warps 2-3: the dropout flags
+                    bwd_ws_dropout_producer<Traits>(params, ss, bidb, bidh, n_block, m_block_min, m_block_max,
+                                                    int(threadIdx.x) - 64);
                 }
             }
         } else if (threadIdx.x == 0 && m_block_max > m_block_min) {

@@ -104,7 +104,20 @@ struct FwdWsTraitsSm90 {
     // ALiBi only. Each consumer thread parks the keep flags of one 128-key group (4 x 16 bytes)
     // behind SharedStorage: 8 KB per consumer warpgroup, each thread reading back only its own.
     static constexpr bool kDropoutTiles = kBlockN == 64 || kBlockN == 128;
-    static constexpr int kSmemDropoutFlags = kNConsumerWG * 128 * 4 * 16;
+    // 128-key tiles (d64, d128): the producer warpgroup's warps 1-3 (idle otherwise) run the Philox
+    // calls of every consumer thread and hand the flags over through a kDropSlots-deep ring (one
+    // slot: kNConsumerWG x 8 KB, laid out as the consumers read them) guarded by a full / empty
+    // mbarrier pair per slot, behind the slots. The consumers then only load and apply them.
+    // 64-key tiles (d256) keep the consumers' own generation (one 8 KB area per warpgroup).
+    static constexpr bool kDropoutInProducer = kBlockN == 128;
+    static constexpr int kDropSlots = 2;
+    static constexpr int kDropProducerThreads = 96;  // warps 1-3 of the producer warpgroup
+    static constexpr int kDropSlotBytes = kNConsumerWG * 128 * 4 * 16;
+    static constexpr int kSmemDropoutFlags =
+        kDropoutInProducer ? kDropSlots * kDropSlotBytes + 2 * kDropSlots * 8 + 16 : kDropSlotBytes;
+    // The feature kernel's producer registers: the Philox loop needs more than the TMA thread's 24.
+    static constexpr int kProducerRegsFeat = kDropoutInProducer && kProducerRegs < 32 ? 32 : kProducerRegs;
+    static_assert(128 * kProducerRegsFeat + kNConsumerThreads * kConsumerRegs <= 65536);
     // Philox calls of a thread in flight together (dropout_fwd_generate_group; 4 = all of a group).
     // 2 at d64 (3 consumer WGs at 160 registers): 4 and 1 spill there, 2 does not (ptxas, CUDA 13.0).
     static constexpr int kDropoutUnroll = kNConsumerWG == 3 ? 2 : 4;
