@@ -40,6 +40,7 @@
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
+#   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
 #   PART=S18A bash scripts/validate_h200.sh # full build; kvcache tests; decode A/B (PDL, splits); kernel times
 #   PART=S18B bash scripts/validate_h200.sh # suite; features; PART=C benchmarks; ncu dropout issue slots
 #   PART=C2 bash scripts/validate_h200.sh  # d256 bwd times, dropout / d256 checks; grid
@@ -163,6 +164,12 @@ case ${PART:-A} in
     TAIL=20 step features 50 $PY benchmarks/benchmark_attn.py --features --headdims 64,128 --out /tmp/feat
     TAIL=18 step check_bwd_ws_dropout 100 $PY scripts/check_bwd_ws_dropout.py --timeout 60 --no-bench
     TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
+  S19B)
+    # Session 19: full build; feature costs (a dropout hang ends the call there); the suite.
+    build
+    TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    [ $? -eq 124 ] && exit 1
+    TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
   S18A)
     # Session 18, first call: full build; kvcache tests (the combine rewrite: lse in registers, partials
     # 8 splits at a time; the programmatic dependent launch, FLASH_ATTN_DECODE_PDL); decode A/B of PDL

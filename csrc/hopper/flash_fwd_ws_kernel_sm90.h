@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
     } else {
         // ---- consumer warpgroups ----
-        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+        cutlass::arch::warpgroup_reg_alloc<kFeat ? Traits::kConsumerRegsFeat : Traits::kConsumerRegs>();
         const int wg = warp_group_idx - 1;
         const int wg_tidx = threadIdx.x % 128;
         Element *smem_o = ss.smem_q.data() + wg * cosize(typename Traits::SmemLayoutQTile{});

@@ -115,9 +115,15 @@ struct FwdWsTraitsSm90 {
     static constexpr int kDropSlotBytes = kNConsumerWG * 128 * 4 * 16;
     static constexpr int kSmemDropoutFlags =
         kDropoutInProducer ? kDropSlots * kDropSlotBytes + 2 * kDropSlots * 8 + 16 : kDropSlotBytes;
-    // The feature kernel's producer registers: the Philox loop needs more than the TMA thread's 24.
-    static constexpr int kProducerRegsFeat = kDropoutInProducer && kProducerRegs < 32 ? 32 : kProducerRegs;
-    static_assert(128 * kProducerRegsFeat + kNConsumerThreads * kConsumerRegs <= 65536);
+    // The feature kernel's registers: the Philox loop needs more than the TMA thread's 24. The
+    // setmaxnreg pool is what the CTA got at launch (kNThreads x the launch bound's registers,
+    // 384 x 168 = 64512 with two consumer warpgroups), not the SM's 65536: 128 x 32 + 256 x 240
+    // would wait forever in the consumers' setmaxnreg.inc. Two consumer WGs: 40 / 232.
+    static constexpr int kLaunchRegs = 65536 / kNThreads / 8 * 8;
+    static constexpr int kProducerRegsFeat = kDropoutInProducer && kNConsumerWG == 2 ? 40 : kProducerRegs;
+    static constexpr int kConsumerRegsFeat = kDropoutInProducer && kNConsumerWG == 2 ? 232 : kConsumerRegs;
+    static_assert(128 * kProducerRegs + kNConsumerThreads * kConsumerRegs <= kNThreads * kLaunchRegs);
+    static_assert(128 * kProducerRegsFeat + kNConsumerThreads * kConsumerRegsFeat <= kNThreads * kLaunchRegs);
     // Philox calls of a thread in flight together (dropout_fwd_generate_group; 4 = all of a group).
     // 2 at d64 (3 consumer WGs at 160 registers): 4 and 1 spill there, 2 does not (ptxas, CUDA 13.0).
     static constexpr int kDropoutUnroll = kNConsumerWG == 3 ? 2 : 4;
