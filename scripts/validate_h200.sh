@@ -41,6 +41,7 @@
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
+#   PART=S19C bash scripts/validate_h200.sh # full build + A/B fwd dropout producer; features x2; suite
 #   PART=S18A bash scripts/validate_h200.sh # full build; kvcache tests; decode A/B (PDL, splits); kernel times
 #   PART=S18B bash scripts/validate_h200.sh # suite; features; PART=C benchmarks; ncu dropout issue slots
 #   PART=C2 bash scripts/validate_h200.sh  # d256 bwd times, dropout / d256 checks; grid
@@ -169,6 +170,16 @@ case ${PART:-A} in
     build
     TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     [ $? -eq 124 ] && exit 1
+    TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
+  S19C)
+    # Session 19, final: full build with the A/B forward (dropout Philox on the producer warps,
+    # FLASH_ATTN_FWD_DROPOUT_PRODUCER=1); feature costs, default and A/B; the suite (default paths).
+    export FLASH_ATTN_FWD_DROP_PRODUCER_KERNELS=1
+    build
+    TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    [ $? -eq 124 ] && exit 1
+    TAIL=22 step features_fwdprod 40 env FLASH_ATTN_FWD_DROPOUT_PRODUCER=1 $PY benchmarks/benchmark_attn.py \
+      --features --headdims 64,128 --out /tmp/featp
     TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
   S18A)
     # Session 18, first call: full build; kvcache tests (the combine rewrite: lse in registers, partials

@@ -101,14 +101,14 @@ __forceinline__ __device__ void dropout_fwd_generate_group(Dropout const &dropou
 // row0 + 64 wg + 16 (t / 32) + (t % 32) / 4 (+ 8) and columns 128 n_block + 8 g + 2 (t % 4) (+ 1,
 // + 32 k) (the wgmma accumulator layout), so dropout_counter reduces to x = base + 4 n_block + g,
 // z = 2 (row0 + 64 wg) + t: the same Philox calls as dropout_fwd_generate_group.
-template <int kNConsumerWG, int kThreads>
+template <int kNConsumerWG, int kThreads, int kUnroll>
 __forceinline__ __device__ void dropout_fwd_generate_tile(Dropout const &dropout, int row0, int n_block,
                                                           uint4 *flags, int ptid) {
     constexpr int kItems = kNConsumerWG * 4 * 128;
     const DropFlags drop_flags(dropout.threshold);
     const uint64_t x0 = dropout.base + uint64_t(4 * n_block);
     const uint32_t z0 = uint32_t(2 * row0);
-#pragma unroll 1
+#pragma unroll kUnroll
     for (int i = ptid; i < kItems; i += kThreads) {
         const int wg = i / 512, g = (i / 128) % 4, t = i % 128;
         const uint64_t x = x0 + uint64_t(g);

@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     for (int n_block = tile.n_block_max - 1, t = 0; n_block >= tile.n_block_min; --n_block, ++t) {
                         const int slot = t % Traits::kDropSlots;
                         cutlass::arch::ClusterBarrier::wait(&drop_empty[slot], ((t / Traits::kDropSlots) & 1) ^ 1);
-                        dropout_fwd_generate_tile<Traits::kNConsumerWG, Traits::kDropProducerThreads>(
+                        dropout_fwd_generate_tile<Traits::kNConsumerWG, Traits::kDropProducerThreads, Traits::kDropProducerUnroll>(
                             dropout, tile.m_block * kBlockM, n_block, drop_ring + slot * kDropSlotUint4, ptid);
                         cutlass::arch::ClusterBarrier::arrive(&drop_full[slot]);
                     }

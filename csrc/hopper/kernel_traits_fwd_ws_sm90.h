@@ -28,7 +28,7 @@ enum class FwdWsBarrier : uint32_t {
     kEpiWG0 = 3,
 };
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2, bool kDropProducer_ = false>
 struct FwdWsTraitsSm90 {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
@@ -104,12 +104,18 @@ struct FwdWsTraitsSm90 {
     // ALiBi only. Each consumer thread parks the keep flags of one 128-key group (4 x 16 bytes)
     // behind SharedStorage: 8 KB per consumer warpgroup, each thread reading back only its own.
     static constexpr bool kDropoutTiles = kBlockN == 64 || kBlockN == 128;
-    // 128-key tiles (d64, d128): the producer warpgroup's warps 1-3 (idle otherwise) run the Philox
-    // calls of every consumer thread and hand the flags over through a kDropSlots-deep ring (one
-    // slot: kNConsumerWG x 8 KB, laid out as the consumers read them) guarded by a full / empty
-    // mbarrier pair per slot, behind the slots. The consumers then only load and apply them.
-    // 64-key tiles (d256) keep the consumers' own generation (one 8 KB area per warpgroup).
-    static constexpr bool kDropoutInProducer = kBlockN == 128;
+    // kDropProducer_ (an A/B variant, FLASH_ATTN_FWD_DROPOUT_PRODUCER=1 in builds with
+    // FLASH_ATTN_FWD_DROP_PRODUCER_KERNELS=1; 128-key tiles only): the producer warpgroup's warps
+    // 1-3 (idle otherwise) run the Philox calls of every consumer thread and hand the flags over
+    // through a kDropSlots-deep ring (one slot: kNConsumerWG x 8 KB, laid out as the consumers read
+    // them) guarded by a full / empty mbarrier pair per slot, behind the slots; the consumers only
+    // load and apply them. Session 19: correct, but slower (d64 fwd 2.57x plain, d128 1.56x, vs
+    // 1.65x / 1.37x with the consumers' own generation): three warps, one dependent Philox chain
+    // each, cannot keep up with the consumers. Default: the consumers generate (one 8 KB area per
+    // warpgroup).
+    static constexpr bool kDropoutInProducer = kDropProducer_ && kBlockN == 128;
+    // Philox calls of a producer thread in flight together (registers: 40 with two consumer WGs, 32 with three).
+    static constexpr int kDropProducerUnroll = kNConsumerWG == 2 ? 2 : 1;
     static constexpr int kDropSlots = 2;
     static constexpr int kDropProducerThreads = 96;  // warps 1-3 of the producer warpgroup
     static constexpr int kDropSlotBytes = kNConsumerWG * 128 * 4 * 16;
