@@ -144,9 +144,6 @@ def _extensions():
         defines.append("-DFLASH_ATTN_SM90A")
     if os.environ.get("FLASH_ATTN_AB_KERNELS", "0") == "1":
         defines.append("-DFLASH_ATTN_AB_KERNELS")
-    if os.environ.get("FLASH_ATTN_FWD_DROP_PRODUCER_KERNELS", "0") == "1":
-        # A/B: the WS forward's dropout Philox on the producer warps (FLASH_ATTN_FWD_DROPOUT_PRODUCER=1).
-        defines.append("-DFLASH_ATTN_FWD_DROP_PRODUCER_KERNELS")
     nvcc_flags = [
         "-O3", "--use_fast_math", "--expt-relaxed-constexpr",
         "--expt-extended-lambda",
@@ -154,8 +151,7 @@ def _extensions():
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-        "-DNDEBUG", *gencode, *[d for d in defines if d in ("-DFLASH_ATTN_SM90A", "-DFLASH_ATTN_AB_KERNELS",
-                                      "-DFLASH_ATTN_FWD_DROP_PRODUCER_KERNELS")],
+        "-DNDEBUG", *gencode, *[d for d in defines if d in ("-DFLASH_ATTN_SM90A", "-DFLASH_ATTN_AB_KERNELS")],
     ]
     if os.environ.get("FLASH_ATTN_PTXAS_VERBOSE", "0") == "1":
         nvcc_flags += ["-Xptxas=-v"]

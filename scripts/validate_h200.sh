@@ -156,8 +156,8 @@ case ${PART:-A} in
     TAIL=3 step test 120 $PY -m pytest tests -q -x
     TAIL=20 step check_bwd_ws_d256 100 $PY scripts/check_bwd_ws_d256.py --timeout 30 --no-bench ;;
   S19A)
-    # Session 19, dev call: dropout Philox on the producer warps (fwd: warps 1-3, ring of two slots;
-    # bwd: warps 2-3). Head dims 64 / 128 build; dropout tests; feature costs; WS dropout bwd check;
+    # Session 19, dev call (commit 8d73ac2, hung: setmaxnreg over the CTA's register pool): dropout
+    # Philox on the producer warps (fwd: warps 1-3, ring of two slots; bwd: warps 2-3). Head dims 64 / 128 build; dropout tests; feature costs; WS dropout bwd check;
     # the suite on this build.
     export FLASH_ATTN_HEAD_DIMS=64,128
     build
@@ -166,13 +166,14 @@ case ${PART:-A} in
     TAIL=18 step check_bwd_ws_dropout 100 $PY scripts/check_bwd_ws_dropout.py --timeout 60 --no-bench
     TAIL=3 step test 200 $PY -m pytest tests -q -x ;;
   S19B)
-    # Session 19: full build; feature costs (a dropout hang ends the call there); the suite.
+    # Session 19 (commit 89e7ca8): full build; feature costs (a dropout hang ends the call there); the suite.
     build
     TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     [ $? -eq 124 ] && exit 1
     TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
   S19C)
-    # Session 19, final: full build with the A/B forward (dropout Philox on the producer warps,
+    # Session 19, final (commit 34cdd48, branch s19-fwd-drop-producer: main has no A/B forward):
+    # full build with the A/B forward (dropout Philox on the producer warps,
     # FLASH_ATTN_FWD_DROPOUT_PRODUCER=1); feature costs, default and A/B; the suite (default paths).
     export FLASH_ATTN_FWD_DROP_PRODUCER_KERNELS=1
     build

@@ -413,7 +413,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     // the dK, dV and dQ accumulators, 192 registers, and spilled): its buffer's readers (block
     // m - 1) passed block m - 1's dS barrier before any thread got here, and block m's dS barrier
     // orders the writes before block m + 1 reads them.
-    // Traits::kDropoutInProducer (not split-d): warps 2-3 of the producer warpgroup generate every
+    // Traits::kDropoutInProducer (d128): warps 2-3 of the producer warpgroup generate every
     // block's flags into buffer (m - m_block_min) % 2 (bwd_ws_dropout_producer); the consumers wait
     // for the buffer's full barrier before their first read (the P^T mask) and arrive on its empty
     // barrier after their last (the dP^T mask), so make_drop_flags is not called.

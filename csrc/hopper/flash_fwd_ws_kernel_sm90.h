@@ -69,25 +69,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int warp_idx = cutlass::canonical_warp_idx_sync();
     const int warp_group_idx = cutlass::canonical_warp_group_idx();
-    // Dropout flags ring (kFeat, Traits::kDropoutInProducer): kDropSlots slots behind
-    // SharedStorage, then the slots' full barriers (the producer warps' arrivals) and empty
-    // barriers (every consumer thread arrives once it has read its flags of the slot).
-    constexpr bool kDropRing = kFeat && Traits::kDropoutTiles && Traits::kDropoutInProducer;
-    static_assert(!(kFeat && kPersistent), "the feature variant runs one tile per CTA");
-    constexpr int kDropSlotUint4 = Traits::kDropSlotBytes / 16;
-    uint4 *drop_ring = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize);
-    uint64_t *drop_full = reinterpret_cast<uint64_t *>(drop_ring + Traits::kDropSlots * kDropSlotUint4);
-    uint64_t *drop_empty = drop_full + Traits::kDropSlots;
     if (warp_idx == 0 && cute::elect_one_sync()) {
         cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
         cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Traits::kNConsumerThreads);
-        if constexpr (kDropRing) {
-            CUTE_UNROLL
-            for (int s = 0; s < Traits::kDropSlots; ++s) {
-                cutlass::arch::ClusterBarrier::init(&drop_full[s], Traits::kDropProducerThreads);
-                cutlass::arch::ClusterBarrier::init(&drop_empty[s], Traits::kNConsumerThreads);
-            }
-        }
     }
     typename Pipeline::Params pipe_params;
     pipe_params.transaction_bytes = Traits::kKVTileBytes;
@@ -106,9 +90,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // epilogue still stages zeros through the Q tiles), so that neither side gets two phases ahead
     // and the parity waits stay unambiguous.
     if (warp_group_idx == 0) {
-        // ---- producer warpgroup: one thread issues every TMA load; warps 1-3 run the dropout
-        // Philox calls of the consumers (kDropRing) or retire ----
-        cutlass::arch::warpgroup_reg_dealloc<kFeat ? Traits::kProducerRegsFeat : Traits::kProducerRegs>();
+        // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
+        cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
         if (threadIdx.x == 0) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
@@ -141,28 +124,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                  tile.bidh, tile.bidh / params.h_h_k_ratio, tile.n_block_min,
                                                  tile.n_block_max, state_k, state_v, wait_q_free);
             }
-        } else if constexpr (kDropRing) {
-            // Tile t's flags (key block n_block_max - 1 - t, the consumers' walk) into slot
-            // t % kDropSlots once every consumer has read that slot's previous tile.
-            if (warp_idx >= 1 && params.p_dropout > 0.f) {
-                const BlockInfo binfo(params, batch_of(tile_first));
-                const Tile tile = make_tile(tile_first, binfo);
-                if (tile.has_work) {
-                    const Dropout dropout(params, tile.bidb, tile.bidh);
-                    const int ptid = int(threadIdx.x) - 32;
-                    for (int n_block = tile.n_block_max - 1, t = 0; n_block >= tile.n_block_min; --n_block, ++t) {
-                        const int slot = t % Traits::kDropSlots;
-                        cutlass::arch::ClusterBarrier::wait(&drop_empty[slot], ((t / Traits::kDropSlots) & 1) ^ 1);
-                        dropout_fwd_generate_tile<Traits::kNConsumerWG, Traits::kDropProducerThreads, Traits::kDropProducerUnroll>(
-                            dropout, tile.m_block * kBlockM, n_block, drop_ring + slot * kDropSlotUint4, ptid);
-                        cutlass::arch::ClusterBarrier::arrive(&drop_full[slot]);
-                    }
-                }
-            }
         }
     } else {
         // ---- consumer warpgroups ----
-        cutlass::arch::warpgroup_reg_alloc<kFeat ? Traits::kConsumerRegsFeat : Traits::kConsumerRegs>();
+        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
         const int wg = warp_group_idx - 1;
         const int wg_tidx = threadIdx.x % 128;
         Element *smem_o = ss.smem_q.data() + wg * cosize(typename Traits::SmemLayoutQTile{});
@@ -204,8 +169,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // (kDropoutTiles only; 8 KB per consumer WG) and then, with kFeatScalarsInSmem, one
             // FwdWsFeatures per consumer WG.
             const bool is_dropout = kFeat && Traits::kDropoutTiles && params.p_dropout > 0.f;
-            // (kDropRing: the ring's base; fwd_ws_mma finds its slots and barriers from it.)
-            uint4 *drop_flags = kDropRing ? drop_ring : drop_ring + wg * 4 * 128;
+            uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize) + wg * 4 * 128;
             FwdWsFeatures feat_regs{};
             FwdWsFeatures *feat_smem = reinterpret_cast<FwdWsFeatures *>(
                                            smem + Traits::kSmemSize + (Traits::kDropoutTiles ? Traits::kSmemDropoutFlags : 0)) +

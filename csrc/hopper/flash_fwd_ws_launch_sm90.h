@@ -143,18 +143,6 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
             return true;
         }
     }
-#ifdef FLASH_ATTN_FWD_DROP_PRODUCER_KERNELS
-    // A/B: dropout's Philox calls on the producer warps (kernel_traits_fwd_ws_sm90.h, kDropProducer_).
-    if constexpr (kFeat && (kHeadDim == 64 || kHeadDim == 128)) {
-        const char *env = std::getenv("FLASH_ATTN_FWD_DROPOUT_PRODUCER");
-        if (dropout && env != nullptr && std::strcmp(env, "1") == 0) {
-            using TraitsP = std::conditional_t<kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3, true>,
-                                               FwdWsTraitsSm90<128, 128, 2, Element, 2, true>>;
-            fwd_ws_detail::launch<TraitsP, kFeat, false>(params, stream, rows_q, batch_q, rows_k, batch_k);
-            return true;
-        }
-    }
-#endif
     static_assert(!kFeat || Traits::kDropoutTiles);
     fwd_ws_detail::launch<Traits, kFeat, /*kMayPersist=*/!kFeat && kBuildAbKernels>(params, stream, rows_q, batch_q,
                                                                                    rows_k, batch_k);

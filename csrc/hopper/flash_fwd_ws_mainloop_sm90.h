@@ -222,15 +222,8 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     // inside our pingpong turn, which would delay the next warpgroup's issue. The flags go to
     // shared memory (16-byte stores, no registers held across the softmax) and come back after
     // P_t = bf16(S_t) (dropout_fwd_apply: one PRMT + one AND per packed pair).
-    //
-    // Traits::kDropoutInProducer (128-key tiles): the producer warpgroup's warps 1-3 run those
-    // Philox calls instead (dropout_fwd_generate_tile, into slot t % kDropSlots of a ring behind
-    // SharedStorage; drop_flags is then the ring's base) and this warpgroup only waits for the
-    // slot's full barrier, applies its flags and arrives on the slot's empty barrier: the Philox
-    // work leaves the consumers' dependent chain and fills issue slots they leave idle.
-    constexpr bool kDropRing = kDropout && Traits::kDropoutInProducer;
     auto generate_dropout = [&](int n_blk) {
-        if constexpr (kDropout && !kDropRing) {
+        if constexpr (kDropout) {
             if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
                 const Dropout dropout = feat.dropout;
                 dropout_fwd_generate_group<128, Traits::kDropoutUnroll>(dropout, coords_s, row0, n_blk * kBlockN,
@@ -239,20 +232,8 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         }
     };
     // Dropped elements leave the P V product only (the row sums already hold every element).
-    // t: the tile's index in this warpgroup's walk (0 = key block n_block_max - 1).
-    auto apply_dropout = [&](auto &rP_tile, int n_blk, int t) {
-        if constexpr (kDropRing) {
-            if (is_dropout) {
-                constexpr int kSlotUint4 = Traits::kDropSlotBytes / 16;
-                uint64_t *full = reinterpret_cast<uint64_t *>(drop_flags + Traits::kDropSlots * kSlotUint4);
-                uint64_t *empty = full + Traits::kDropSlots;
-                const int slot = t % Traits::kDropSlots;
-                cutlass::arch::ClusterBarrier::wait(&full[slot], (t / Traits::kDropSlots) & 1);
-                dropout_fwd_apply<kBlockN, 128>(rP_tile, drop_flags + slot * kSlotUint4 + wg * 4 * 128,
-                                                n_blk * kBlockN, wg_tidx);
-                cutlass::arch::ClusterBarrier::arrive(&empty[slot]);
-            }
-        } else if constexpr (kDropout) {
+    auto apply_dropout = [&](auto &rP_tile, int n_blk) {
+        if constexpr (kDropout) {
             if (is_dropout) {
                 dropout_fwd_apply<kBlockN, 128>(rP_tile, drop_flags, n_blk * kBlockN, wg_tidx);
             }
@@ -295,7 +276,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         Tensor converted = convert_type<Element>(acc_s);
         cute::copy(converted, rP);
     }
-    apply_dropout(rP, n_block, 0);
+    apply_dropout(rP, n_block);
     clear(acc_o);
 
     // Iteration t: S_t = Q K[t]^T and O += P_{t-1} V[t-1] in flight together; the softmax of S_t
@@ -329,7 +310,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         softmax.rescale_o(acc_o, rescale);
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
-        apply_dropout(rP, n_block, t);
+        apply_dropout(rP, n_block);
     }
 
     // Last P V (outside the pingpong turns).

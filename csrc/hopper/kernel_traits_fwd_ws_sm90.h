@@ -28,7 +28,7 @@ enum class FwdWsBarrier : uint32_t {
     kEpiWG0 = 3,
 };
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2, bool kDropProducer_ = false>
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
 struct FwdWsTraitsSm90 {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
@@ -104,32 +104,7 @@ struct FwdWsTraitsSm90 {
     // ALiBi only. Each consumer thread parks the keep flags of one 128-key group (4 x 16 bytes)
     // behind SharedStorage: 8 KB per consumer warpgroup, each thread reading back only its own.
     static constexpr bool kDropoutTiles = kBlockN == 64 || kBlockN == 128;
-    // kDropProducer_ (an A/B variant, FLASH_ATTN_FWD_DROPOUT_PRODUCER=1 in builds with
-    // FLASH_ATTN_FWD_DROP_PRODUCER_KERNELS=1; 128-key tiles only): the producer warpgroup's warps
-    // 1-3 (idle otherwise) run the Philox calls of every consumer thread and hand the flags over
-    // through a kDropSlots-deep ring (one slot: kNConsumerWG x 8 KB, laid out as the consumers read
-    // them) guarded by a full / empty mbarrier pair per slot, behind the slots; the consumers only
-    // load and apply them. Session 19: correct, but slower (d64 fwd 2.57x plain, d128 1.56x, vs
-    // 1.65x / 1.37x with the consumers' own generation): three warps, one dependent Philox chain
-    // each, cannot keep up with the consumers. Default: the consumers generate (one 8 KB area per
-    // warpgroup).
-    static constexpr bool kDropoutInProducer = kDropProducer_ && kBlockN == 128;
-    // Philox calls of a producer thread in flight together (registers: 40 with two consumer WGs, 32 with three).
-    static constexpr int kDropProducerUnroll = kNConsumerWG == 2 ? 2 : 1;
-    static constexpr int kDropSlots = 2;
-    static constexpr int kDropProducerThreads = 96;  // warps 1-3 of the producer warpgroup
-    static constexpr int kDropSlotBytes = kNConsumerWG * 128 * 4 * 16;
-    static constexpr int kSmemDropoutFlags =
-        kDropoutInProducer ? kDropSlots * kDropSlotBytes + 2 * kDropSlots * 8 + 16 : kDropSlotBytes;
-    // The feature kernel's registers: the Philox loop needs more than the TMA thread's 24. The
-    // setmaxnreg pool is what the CTA got at launch (kNThreads x the launch bound's registers,
-    // 384 x 168 = 64512 with two consumer warpgroups), not the SM's 65536: 128 x 32 + 256 x 240
-    // would wait forever in the consumers' setmaxnreg.inc. Two consumer WGs: 40 / 232.
-    static constexpr int kLaunchRegs = 65536 / kNThreads / 8 * 8;
-    static constexpr int kProducerRegsFeat = kDropoutInProducer && kNConsumerWG == 2 ? 40 : kProducerRegs;
-    static constexpr int kConsumerRegsFeat = kDropoutInProducer && kNConsumerWG == 2 ? 232 : kConsumerRegs;
-    static_assert(128 * kProducerRegs + kNConsumerThreads * kConsumerRegs <= kNThreads * kLaunchRegs);
-    static_assert(128 * kProducerRegsFeat + kNConsumerThreads * kConsumerRegsFeat <= kNThreads * kLaunchRegs);
+    static constexpr int kSmemDropoutFlags = kNConsumerWG * 128 * 4 * 16;
     // Philox calls of a thread in flight together (dropout_fwd_generate_group; 4 = all of a group).
     // 2 at d64 (3 consumer WGs at 160 registers): 4 and 1 spill there, 2 does not (ptxas, CUDA 13.0).
     static constexpr int kDropoutUnroll = kNConsumerWG == 3 ? 2 : 4;
