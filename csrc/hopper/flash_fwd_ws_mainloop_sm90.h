@@ -129,6 +129,25 @@ struct FwdWsFeatures {
     Dropout dropout;
 };
 
+// Ends ptxas's scheduling block here. Without it ptxas moves the WARPGROUP.DEPBAR that waits for
+// the warpgroup's own P V GEMM (warpgroup_wait<0>, placed after the softmax in the source) up
+// to the top of the softmax's block, above the row max and the exps, so that every softmax
+// waited for the previous P V and the intra-warpgroup overlap was lost (found in session 6,
+// unexplained then; probably the scheduler wants to interleave the F2FP conversions into P,
+// which must follow the wait, with the MUFU.EX2s). A branch on a value the compiler cannot
+// know splits the block: the running row sums, which are never negative (sums of exponentials;
+// NaN compares false) and depend on every exponential of the tile, so that none of them can be
+// sunk below the branch either (a branch on a kernel parameter let NVVM sink the d64 feature
+// kernel's exps below it). Its body is a nanosleep, which, unlike a trap, leaves the wgmmas
+// unserialised (a trap there made ptxas wait after every wgmma and spill 240 bytes).
+template <typename RowTensor>
+__forceinline__ __device__ void scheduling_block_boundary(RowTensor const &row_sum) {
+    float lowest = row_sum(0);
+    CUTE_UNROLL
+    for (int mi = 1; mi < size(row_sum); ++mi) { lowest = fminf(lowest, row_sum(mi)); }
+    if (lowest < 0.f) { __nanosleep(32); }
+}
+
 __forceinline__ __device__ void fwd_ws_sched_sync(int wg) {
     cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0) + wg);
 }
@@ -303,6 +322,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         ++state_k;
         mask_tile(acc_s_next, n_block);
         auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
+        scheduling_block_boundary(softmax.row_sum);  // keeps the P V wait below the exps
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         pipeline_v.consumer_release(state_v);
