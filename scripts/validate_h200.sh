@@ -39,7 +39,7 @@
 #   PART=S2 bash scripts/validate_h200.sh  # d256 build: every non-dropout d256 WS backward with dQ
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
-#   PART=S20A bash scripts/validate_h200.sh # after `git revert bb7e824`: full build; features; grid vs cuDNN
+#   PART=S20A bash scripts/validate_h200.sh # after `git revert bb7e824`: full build; features; grid vs cuDNN; suite
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
 #   PART=S19C bash scripts/validate_h200.sh # full build + A/B fwd dropout producer; features x2; suite
@@ -163,7 +163,8 @@ case ${PART:-A} in
     # docs/results/s18/s18b_grid.log (fwd 504 / 597 / 623 TF at 8k).
     build
     TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
-    TAIL=40 step grid 150 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid ;;
+    TAIL=40 step grid 150 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid
+    TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
   S19A)
     # Session 19, dev call (commit 8d73ac2, hung: setmaxnreg over the CTA's register pool): dropout
     # Philox on the producer warps (fwd: warps 1-3, ring of two slots; bwd: warps 2-3). Head dims 64 / 128 build; dropout tests; feature costs; WS dropout bwd check;
