@@ -40,6 +40,7 @@
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
 #   PART=S20A bash scripts/validate_h200.sh # after `git revert bb7e824`: full build; features; grid vs cuDNN; suite
+#   PART=S20B bash scripts/validate_h200.sh # A/B build d128/d256 bf16: FA3 tiles and persistent fwd with the boundary
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
 #   PART=S19C bash scripts/validate_h200.sh # full build + A/B fwd dropout producer; features x2; suite
@@ -165,6 +166,15 @@ case ${PART:-A} in
     TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=40 step grid 150 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid
     TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
+  S20B)
+    # Session 20, second call: with the scheduling-block boundary (the plain d >= 128 WS forward
+    # kernels), FA3's key tiles (d128 176, d256 80) and the persistent forward again (session 5 /
+    # 11: 20-25% / up to 38% slower without the intra-warpgroup overlap). A/B build, bf16 d128 / d256.
+    export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=30 step ws_tile_ab 120 $PY scripts/ws_tile_ab.py --fwd-only
+    TAIL=3 step test_fa3_tiles 150 env FLASH_ATTN_FWD_WS_D128_N=176 FLASH_ATTN_FWD_WS_D256_N=80 \
+      $PY -m pytest tests/test_flash_attn.py -q -x ;;
   S19A)
     # Session 19, dev call (commit 8d73ac2, hung: setmaxnreg over the CTA's register pool): dropout
     # Philox on the producer warps (fwd: warps 1-3, ring of two slots; bwd: warps 2-3). Head dims 64 / 128 build; dropout tests; feature costs; WS dropout bwd check;

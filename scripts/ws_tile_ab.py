@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """A/B timing of run-time tile / order switches (H200, bf16, 16k tokens, hidden 2048):
-the warp-specialised forward's d128 key tile (FLASH_ATTN_FWD_WS_D128_N unset = 176 without a
-window, or 128) and d256 key tile (FLASH_ATTN_FWD_WS_D256_N unset = 80, or 64), and the cost of
-the deterministic backward (causal and not) next to the default one.
+the warp-specialised forward's d128 key tile (FLASH_ATTN_FWD_WS_D128_N unset = 128, the default
+since session 5, or FA3's 176) and d256 key tile (FLASH_ATTN_FWD_WS_D256_N unset = 64, or FA3's
+80), the persistent forward (FLASH_ATTN_FWD_WS_PERSISTENT=1), and the cost of the deterministic
+backward (causal and not) next to the default one.
 
-    python scripts/ws_tile_ab.py
+    python scripts/ws_tile_ab.py [--fwd-only]
 
 Needs a build with FLASH_ATTN_AB_KERNELS=1 (these are A/B-only kernels; other builds reject the
 switches).
@@ -60,7 +61,11 @@ def det_ab(d, s=8192):
 
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), torch.__version__)
-    fwd_ab(128, "FLASH_ATTN_FWD_WS_D128_N", [None, "128"])
-    fwd_ab(256, "FLASH_ATTN_FWD_WS_D256_N", [None, "64"])
-    for d in (64, 128):
-        det_ab(d)
+    import sys
+    fwd_ab(128, "FLASH_ATTN_FWD_WS_D128_N", [None, "176"])
+    fwd_ab(256, "FLASH_ATTN_FWD_WS_D256_N", [None, "80"])
+    for d in (128, 256):
+        fwd_ab(d, "FLASH_ATTN_FWD_WS_PERSISTENT", [None, "1"])
+    if "--fwd-only" not in sys.argv:
+        for d in (64, 128):
+            det_ab(d)
