@@ -226,9 +226,6 @@ int bwd_sm80_variant() {
 bool fwd_ws_persistent_enabled() {
     const bool on = env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false);
     require_ab_kernels(!on, "FLASH_ATTN_FWD_WS_PERSISTENT=1");
-    const char *drop_only = std::getenv("FLASH_ATTN_FWD_WS_DROP_ONLY");
-    require_ab_kernels(drop_only == nullptr || std::string(drop_only) == "0",
-                       std::string("FLASH_ATTN_FWD_WS_DROP_ONLY=") + (drop_only ? drop_only : ""));
     for (const auto &[name, alt] : {std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D128_N", "176"},
                                      std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"}}) {
         const char *env = std::getenv(name);

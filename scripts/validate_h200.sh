@@ -40,7 +40,6 @@
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
 #   PART=S20A bash scripts/validate_h200.sh # after `git revert bb7e824`: full build; features; grid vs cuDNN; suite
-#   PART=S20C bash scripts/validate_h200.sh # A/B build d64/d128 bf16: dropout-only forward kernels (FLASH_ATTN_FWD_WS_DROP_ONLY)
 #   PART=S20B bash scripts/validate_h200.sh # A/B build d128/d256 bf16: FA3 tiles and persistent fwd with the boundary
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
@@ -167,20 +166,6 @@ case ${PART:-A} in
     TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=40 step grid 150 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid
     TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
-  S20C)
-    # Session 20, third call: the dropout-only forward kernels (A/B, FLASH_ATTN_FWD_WS_DROP_ONLY:
-    # 1 = without the softcap / ALiBi code, 2 = that and the scheduling-block boundary); bf16
-    # d64 / d128 A/B build; feature costs for default / 1 / 2; the dropout tests on 2 and 1.
-    export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16
-    build
-    for m in 0 1 2; do
-      TAIL=16 step features_drop_only$m 40 env FLASH_ATTN_FWD_WS_DROP_ONLY=$m $PY benchmarks/benchmark_attn.py \
-        --features --headdims 64,128 --out /tmp/feat$m
-    done
-    for m in 2 1; do
-      TAIL=3 step test_drop_only$m 90 env FLASH_ATTN_FWD_WS_DROP_ONLY=$m $PY -m pytest \
-        tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x -k dropout
-    done ;;
   S20B)
     # Session 20, second call: with the scheduling-block boundary (the plain d >= 128 WS forward
     # kernels), FA3's key tiles (d128 176, d256 80) and the persistent forward again (session 5 /

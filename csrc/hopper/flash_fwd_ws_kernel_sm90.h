@@ -27,8 +27,7 @@ using namespace cute;
 // + gridDim.x, ... (FLASH_ATTN_FWD_WS_PERSISTENT=1, plain variant only: the feature variants
 // spill with the tile loop, up to 132 B at d256). Otherwise the 3-D grid (m blocks, b, h), one
 // tile per CTA: the loop below runs once and compiles to straight-line code.
-// kDropOnly: see fwd_ws_mma (A/B builds only).
-template <typename Traits, bool kFeat = false, bool kPersistent = false, int kDropOnly = 0>
+template <typename Traits, bool kFeat = false, bool kPersistent = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_ws_kernel_sm90(const __grid_constant__ FwdWsKernelParams<Traits> kp) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             }
             FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
-            fwd_ws_mma<Traits, kFeat, kDropOnly>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
+            fwd_ws_mma<Traits, kFeat>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
                                       tile.n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags, state_k, state_v,
                                       q_phase);
             if (wg == 0) {  // consume the last WG's last turn hand-over

@@ -49,7 +49,7 @@ inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (s
 // kMayPersist: also compile the persistent kernel (plain variant, default tiles only), run when
 // the binding sets params.fwd_ws_persistent (FLASH_ATTN_FWD_WS_PERSISTENT=1, default off until
 // the H200 has checked the session-10 fix of its V pipeline state).
-template <typename Traits, bool kFeat, bool kMayPersist = false, int kDropOnly = 0>
+template <typename Traits, bool kFeat, bool kMayPersist = false>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
     FwdWsKernelParams<Traits> kp{};
@@ -81,7 +81,7 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
     const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
     const bool persistent = kMayPersist && params.fwd_ws_persistent && num_tiles < (int64_t(1) << 31);
-    auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false, kDropOnly>;
+    auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false>;
     if constexpr (kMayPersist) {
         static_assert(!kFeat);
         if (persistent) { kernel = &flash_fwd_ws_kernel_sm90<Traits, false, true>; }
@@ -141,21 +141,6 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
             fwd_ws_detail::launch<FwdWsTraitsAltFor<Element, kHeadDim>, kFeat, false>(params, stream, rows_q, batch_q,
                                                                                       rows_k, batch_k);
             return true;
-        }
-    }
-    if constexpr (kBuildAbKernels && kFeat) {
-        // FLASH_ATTN_FWD_WS_DROP_ONLY=1 / 2 (session 20): dropout calls without softcap / ALiBi on
-        // the dropout-only kernels (2: with the scheduling-block boundary), for A/B.
-        const char *env = std::getenv("FLASH_ATTN_FWD_WS_DROP_ONLY");
-        if (dropout && env != nullptr && params.softcap_scale <= 0.f && params.alibi_slopes_ptr == nullptr) {
-            if (std::strcmp(env, "1") == 0) {
-                fwd_ws_detail::launch<Traits, true, false, 1>(params, stream, rows_q, batch_q, rows_k, batch_k);
-                return true;
-            }
-            if (std::strcmp(env, "2") == 0) {
-                fwd_ws_detail::launch<Traits, true, false, 2>(params, stream, rows_q, batch_q, rows_k, batch_k);
-                return true;
-            }
         }
     }
     static_assert(!kFeat || Traits::kDropoutTiles);

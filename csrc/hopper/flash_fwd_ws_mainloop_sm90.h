@@ -180,10 +180,7 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
 // > 0, Traits::kDropoutTiles only), the dropout mask to every P tile ("Dropout in the pingpong"
 // below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
 // 4 x 128 x 16-byte flags area (each thread's keep flags of one 128-key Philox group).
-// kDropOnly (kFeat, A/B builds only, FLASH_ATTN_FWD_WS_DROP_ONLY): the dropout calls without
-// softcap / ALiBi on a kernel without the score modifiers' code; 2 also puts the scheduling-block
-// boundary in (see its use below).
-template <typename Traits, bool kFeat, int kDropOnly = 0, typename TensorO, typename Softmax>
+template <typename Traits, bool kFeat, typename TensorO, typename Softmax>
 __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                            Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
@@ -212,7 +209,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     auto new_acc_s = [&]() { return partition_fragment_C(tiled_mma_qk, Shape<Int<kRowsPerWG>, Int<kBlockN>>{}); };
     auto mask_tile = [&](auto &acc_s, int n_block) {
         // Softcap, then ALiBi, then the mask: the order of the other forward kernels.
-        if constexpr (kFeat && kDropOnly == 0) {
+        if constexpr (kFeat) {
             const ScoreMod score_mod = feat.score_mod;
             score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN);
         }
@@ -327,7 +324,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
         // Measured (session 20): plain d128 / d256 forward +4-9%; the feature kernels 3-6% slower
         // and the plain d64 one 0-4% slower (MUFU-bound there), so only the plain d >= 128 kernels.
-        if constexpr ((!kFeat && Traits::kHeadDim >= 128) || kDropOnly == 2) {
+        if constexpr (!kFeat && Traits::kHeadDim >= 128) {
             scheduling_block_boundary(softmax.row_sum);  // keeps the P V wait below the exps
         }
         warpgroup_wait<0>();
