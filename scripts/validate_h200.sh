@@ -40,6 +40,8 @@
 #                                          # through the Q / dO stage: times, suite, check
 #   PART=G2 bash scripts/validate_h200.sh  # full build; suite; features (then PART=C2)
 #   PART=S20A bash scripts/validate_h200.sh # after `git revert bb7e824`: full build; features; grid vs cuDNN; suite
+#   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
+#   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20B bash scripts/validate_h200.sh # A/B build d128/d256 bf16: FA3 tiles and persistent fwd with the boundary
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
@@ -166,6 +168,19 @@ case ${PART:-A} in
     TAIL=32 step features 70 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
     TAIL=40 step grid 150 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid
     TAIL=3 step test 240 $PY -m pytest tests -q -x ;;
+  S20D)
+    # Session 20, final (the boundary in the plain d >= 128 WS forward kernels only): full build;
+    # the suite; feature costs; the grid against SDPA's flash / cuDNN / efficient backends.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=32 step features 60 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    TAIL=56 step grid 200 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid ;;
+  S20E)
+    # Session 20, after S20D (same machine, or a d64 / d128 build on a cold one): decode; varlen; llama.
+    built || { export FLASH_ATTN_HEAD_DIMS=64,128; build; }
+    TAIL=10 step decode 80 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py ;;
   S20B)
     # Session 20, second call: with the scheduling-block boundary (the plain d >= 128 WS forward
     # kernels), FA3's key tiles (d128 176, d256 80) and the persistent forward again (session 5 /
