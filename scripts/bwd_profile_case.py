@@ -1,6 +1,8 @@
 """One profiled backward for scripts/ncu_bwd_compare.sh: bf16, batch 2, seqlen 8k, hidden 2048;
-backend ("ours" or "flash", PyTorch SDPA's flash backend = upstream FA2 code) and head dim from the
-command line. Three warm-up backwards, then the fourth (ncu: --launch-skip 3 --launch-count 1).
+backend ("ours", "flash": PyTorch SDPA's flash backend = upstream FA2 code, or "cudnn": SDPA's cuDNN
+backend) and head dim from the command line. Three warm-up backwards, then the fourth (ncu:
+--launch-skip 3 --launch-count 1), then a fifth inside cudaProfilerStart / Stop (ncu
+--profile-from-start off: every kernel of one backward, whatever its name).
 
     python scripts/bwd_profile_case.py ours 256
 """
@@ -21,9 +23,13 @@ if backend == "ours":
 else:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION if backend == "flash" else SDPBackend.CUDNN_ATTENTION]):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     go = dout.transpose(1, 2)
 for _ in range(4):
     torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
 torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStart()
+torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+torch.cuda.synchronize()
+torch.cuda.cudart().cudaProfilerStop()

@@ -42,6 +42,7 @@
 #   PART=S20A bash scripts/validate_h200.sh # after `git revert bb7e824`: full build; features; grid vs cuDNN; suite
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
+#   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S20B bash scripts/validate_h200.sh # A/B build d128/d256 bf16: FA3 tiles and persistent fwd with the boundary
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
@@ -181,6 +182,12 @@ case ${PART:-A} in
     TAIL=10 step decode 80 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec
     TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
     TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py ;;
+  S20F)
+    # Session 20, last call (left-over device time): ncu of one whole backward, ours vs SDPA-cuDNN,
+    # d128 and d64, bf16 8k (the backward is our largest gap: 0.84 / 0.80x of cuDNN).
+    built || { export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16; build; }
+    TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
+    TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
   S20B)
     # Session 20, second call: with the scheduling-block boundary (the plain d >= 128 WS forward
     # kernels), FA3's key tiles (d128 176, d256 80) and the persistent forward again (session 5 /
