@@ -173,7 +173,8 @@ struct BwdParams : FwdParams {
     index_t dk_batch_stride, dk_row_stride, dk_head_stride;
     index_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
-    // fp32 dQ accumulator (b, h, seqlen_q_rounded, head_dim_tile), zero-initialised.
+    // fp32 dQ accumulator (b, h, seqlen_q_rounded, head_dim_tile), zero-initialised (by the binding,
+    // or by the preprocess kernel: dq_accum_zero_in_preprocess).
     float *__restrict__ dq_accum_ptr;
     // rowsum(dO * O) (b, h, seqlen_q_rounded), fp32.
     float *__restrict__ softmax_d_ptr;
@@ -259,6 +260,9 @@ struct BwdParams : FwdParams {
     // c ^ (8 (r % 4))): set by the launcher of the d256 WS deterministic kernel, whose dQ tiles are
     // bulk-copied from a conflict-free shared-memory layout; the conversion undoes it.
     bool dq_accum_swizzled;
+    // dq_accum is not zeroed by the binding (at::empty): the preprocess kernel zeroes each row it
+    // visits, i.e. every row the main kernel adds into (session 20; the default mode, one slice).
+    bool dq_accum_zero_in_preprocess;
 };
 
 inline bool has_features(const BwdParams &p) {

@@ -512,8 +512,12 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
     const char *store_first_env = std::getenv("FLASH_ATTN_DET_STORE_FIRST");
     p.dq_store_first = sm90_splits > 0 && p.window_left >= flash::kWindowUnbounded &&
                        !(store_first_env != nullptr && std::string(store_first_env) == "0");
-    at::Tensor dq_accum = p.dq_store_first ? at::empty(shape, q.options().dtype(at::kFloat))
-                                           : at::zeros(shape, q.options().dtype(at::kFloat));
+    // The default (not deterministic) mode: one slice, zeroed row by row by the backward's
+    // preprocess kernel (BwdParams::dq_accum_zero_in_preprocess) instead of a fill kernel.
+    p.dq_accum_zero_in_preprocess = !deterministic;
+    at::Tensor dq_accum = p.dq_store_first || p.dq_accum_zero_in_preprocess
+                              ? at::empty(shape, q.options().dtype(at::kFloat))
+                              : at::zeros(shape, q.options().dtype(at::kFloat));
     p.dq_accum_ptr = dq_accum.data_ptr<float>();
     p.deterministic = deterministic;
     if (splits > 0) {

@@ -25,7 +25,17 @@ namespace flash {
 
 using namespace cute;
 
-constexpr int kRowsPerCta = 8;  // preprocess / convert: one warp per (row, head, batch)
+// Preprocess / convert: a group of kLanes lanes per (row, head, batch), 8 elements (one 16-byte
+// vector of dO / O / dQ) per lane, kLanes the power of two >= head_dim_tile / 8: every lane of a
+// warp busy at any head dim (one warp per row left 24 of 32 lanes idle at d64, and those kernels
+// took 2x cuDNN's time for the same bytes: session 20, ncu).
+constexpr int kPassThreads = 256;
+
+template <int kLanes>
+__forceinline__ __device__ unsigned lane_group_mask() {
+    const int lane = threadIdx.x % 32;
+    return kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1u) << (lane & ~(kLanes - 1));
+}
 
 // Row index of (batch bidb, head bidh, query row 0) in softmax_d and dq_accum. Dense: (b, h,
 // seqlen_q_rounded). Varlen: (h, accum_rows), sequence b at cu_seqlens_q[b] + 128 * b, so the
@@ -35,17 +45,27 @@ __forceinline__ __device__ int64_t accum_row0(const BwdParams &params, const Blo
                                : int64_t(bidh) * params.accum_rows + binfo.sum_s_q + 128 * int64_t(bidb);
 }
 
-template <typename Element>
-__global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kRowsPerCta + warp;
+// softmax_d = rowsum(dO * O) and, with params.dq_accum_zero_in_preprocess, the row's dq_accum
+// zeroed: rows < seqlen_q_rounded, and in varlen only the sequence's own rows and its 128 rows of
+// padding (the main kernels add into rows < round_up(seqlen_q, kBlockM) <= both bounds).
+template <typename Element, int kLanes>
+__global__ void __launch_bounds__(kPassThreads) flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
+    constexpr int kRows = kPassThreads / kLanes;
+    const int lane = threadIdx.x % kLanes;
+    const int row = blockIdx.x * kRows + threadIdx.x / kLanes;
     const int bidb = blockIdx.y, bidh = blockIdx.z;
     const BlockInfo binfo(params, bidb);
+    // A lane group leaves (or stays) as a whole: its shuffles name only its own lanes.
     if (row >= params.seqlen_q_rounded) return;
-    float *d_ptr = params.softmax_d_ptr + accum_row0(params, binfo, bidb, bidh);
-    if (row >= binfo.seqlen_q) {
-        // Padding rows (never read). Varlen: only the sequence's own 128 rows of padding.
-        if (lane == 0 && (binfo.sum_s_q == -1 || row < binfo.seqlen_q + 128)) d_ptr[row] = 0.f;
+    const bool padding = row >= binfo.seqlen_q;
+    if (padding && binfo.sum_s_q != -1 && row >= binfo.seqlen_q + 128) return;  // another sequence's rows
+    const int64_t row_index = accum_row0(params, binfo, bidb, bidh) + row;
+    if (params.dq_accum_zero_in_preprocess) {
+        float4 *acc_row = reinterpret_cast<float4 *>(params.dq_accum_ptr + row_index * params.head_dim_tile);
+        for (int c = lane; c < params.head_dim_tile / 4; c += kLanes) { acc_row[c] = make_float4(0.f, 0.f, 0.f, 0.f); }
+    }
+    if (padding) {  // never read as a row's value: 0
+        if (lane == 0) params.softmax_d_ptr[row_index] = 0.f;
         return;
     }
     const Element *do_row = reinterpret_cast<const Element *>(params.do_ptr) +
@@ -55,7 +75,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(
                            binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) +
                            bidh * params.o_head_stride + int64_t(row) * params.o_row_stride;
     float dot = 0.f;
-    for (int c = lane * 8; c < params.d; c += 32 * 8) {  // d is a multiple of 8: 16-byte vectors
+    for (int c = lane * 8; c < params.d; c += kLanes * 8) {  // d is a multiple of 8: 16-byte vectors
         const uint4 a = *reinterpret_cast<const uint4 *>(do_row + c);
         const uint4 b = *reinterpret_cast<const uint4 *>(o_row + c);
         const Element *ea = reinterpret_cast<const Element *>(&a);
@@ -63,16 +83,19 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_preprocess_kernel(
         CUTE_UNROLL
         for (int i = 0; i < 8; ++i) { dot += float(ea[i]) * float(eb[i]); }
     }
+    const unsigned mask = lane_group_mask<kLanes>();
     CUTE_UNROLL
-    for (int offset = 16; offset > 0; offset /= 2) { dot += __shfl_xor_sync(0xffffffff, dot, offset); }
-    if (lane == 0) d_ptr[row] = dot;
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(mask, dot, offset); }
+    if (lane == 0) params.softmax_d_ptr[row_index] = dot;
 }
 
+// dq = dq_accum * scale in the input dtype (summing the slices of the deterministic modes).
 // kSwizzled: params.dq_accum_swizzled (its own kernel: the run-time form spilled at 32 registers).
-template <typename Element, bool kSwizzled = false>
-__global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kRowsPerCta + warp;
+template <typename Element, int kLanes, bool kSwizzled = false>
+__global__ void __launch_bounds__(kPassThreads) flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams params) {
+    constexpr int kRows = kPassThreads / kLanes;
+    const int lane = threadIdx.x % kLanes;
+    const int row = blockIdx.x * kRows + threadIdx.x / kLanes;
     const int bidb = blockIdx.y, bidh = blockIdx.z;
     const BlockInfo binfo(params, bidb);
     if (row >= binfo.seqlen_q) return;
@@ -96,7 +119,7 @@ __global__ void __launch_bounds__(kRowsPerCta * 32) flash_bwd_convert_dq_kernel(
             if (row >= m_min * bm && row < m_max * bm) holds |= 1u << s;
         }
     }
-    for (int c = lane * 8; c < params.d; c += 32 * 8) {
+    for (int c = lane * 8; c < params.d; c += kLanes * 8) {
         float vals[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int s = 0; s < splits; ++s) {
             if (!(holds >> s & 1u)) continue;
@@ -573,19 +596,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
     }
 }
 
-// Every backward: softmax_d = rowsum(dO * O), the main kernel (launch_main), dq conversion.
-template <typename Element, typename LaunchMain>
-void launch_bwd_passes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
-    const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRowsPerCta), params.b, params.h);
-    flash_bwd_preprocess_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+// Every backward: softmax_d = rowsum(dO * O) (and dq_accum zeroed), the main kernel
+// (launch_main), dq conversion; the passes' lane groups sized by the head-dim tile.
+template <typename Element, int kLanes, typename LaunchMain>
+void launch_bwd_passes_lanes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
+    constexpr int kRows = kPassThreads / kLanes;
+    const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRows), params.b, params.h);
+    flash_bwd_preprocess_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
     FLASH_CHECK_LAUNCH();
     launch_main();
     if (params.dq_accum_swizzled) {
-        flash_bwd_convert_dq_kernel<Element, true><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+        flash_bwd_convert_dq_kernel<Element, kLanes, true><<<grid_rows, kPassThreads, 0, stream>>>(params);
     } else {
-        flash_bwd_convert_dq_kernel<Element><<<grid_rows, kRowsPerCta * 32, 0, stream>>>(params);
+        flash_bwd_convert_dq_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
     }
     FLASH_CHECK_LAUNCH();
+}
+
+template <typename Element, typename LaunchMain>
+void launch_bwd_passes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
+    // Tiles 32, 64, 96 / 128, 192 / 256: 4, 8, 16, 32 lanes (96 and 192 leave a quarter idle).
+    if (params.head_dim_tile <= 32) {
+        launch_bwd_passes_lanes<Element, 4>(params, stream, launch_main);
+    } else if (params.head_dim_tile <= 64) {
+        launch_bwd_passes_lanes<Element, 8>(params, stream, launch_main);
+    } else if (params.head_dim_tile <= 128) {
+        launch_bwd_passes_lanes<Element, 16>(params, stream, launch_main);
+    } else {
+        launch_bwd_passes_lanes<Element, 32>(params, stream, launch_main);
+    }
 }
 
 }  // namespace flash

@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S20G bash scripts/validate_h200.sh # bwd preprocess / convert lane groups, no fill: build; suite; pass times; grid
 #   PART=S20B bash scripts/validate_h200.sh # A/B build d128/d256 bf16: FA3 tiles and persistent fwd with the boundary
 #   PART=S19A bash scripts/validate_h200.sh # d64/128 build: dropout Philox on producer warps; tests; features
 #   PART=S19B bash scripts/validate_h200.sh # full build; features; the suite
@@ -188,6 +189,14 @@ case ${PART:-A} in
     built || { export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16; build; }
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
+  S20G)
+    # Session 20: the backward's preprocess / dQ conversion with a lane group per row (every lane
+    # busy at d64 / d128) and dq_accum zeroed in the preprocess (no fill kernel). Full build; the
+    # suite; the passes' kernel times; our non-causal grid (compare with s20d_grid.log).
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
+    TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
   S20B)
     # Session 20, second call: with the scheduling-block boundary (the plain d >= 128 WS forward
     # kernels), FA3's key tiles (d128 176, d256 80) and the persistent forward again (session 5 /
