@@ -4,17 +4,27 @@
 # then the stall-reason totals and the 30 SASS lines with the most stall samples
 # (scripts/ncu_source_top.py). Cases: "d p" pairs (bf16, b=2, seqlen 8k, hidden 2048).
 #   CASES="128 0.0;128 0.1" bash scripts/ncu_stall_source.sh > $OUT/ncu_source.txt 2>&1
+# KIND=bwd: the warp-specialised backward's main kernel instead (cases: head dims, plain calls;
+# scripts/bwd_profile_case.py, the 4th backward's launch):
+#   KIND=bwd CASES="128;64" bash scripts/ncu_stall_source.sh
 set -uo pipefail
 PY=${PY:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
-IFS=';' read -ra cases <<< "${CASES:-128 0.0;128 0.1}"
+KIND=${KIND:-fwd}
+if [ "$KIND" = bwd ]; then
+  kernel=flash_bwd_ws_kernel_sm90; default_cases="128;64"
+else
+  kernel=flash_fwd_ws_kernel_sm90; default_cases="128 0.0;128 0.1"
+fi
+IFS=';' read -ra cases <<< "${CASES:-$default_cases}"
 for case in "${cases[@]}"; do
   tag=$(echo "$case" | tr ' .' '__')
-  echo "=================== d, dropout_p = $case"
+  [ "$KIND" = bwd ] && echo "=================== backward d = $case" || echo "=================== d, dropout_p = $case"
   rm -f /tmp/ncu_$tag.ncu-rep
-  timeout ${NCU_TIMEOUT:-100} ncu --clock-control none -k regex:flash_fwd_ws_kernel_sm90 --launch-skip 3 --launch-count 1 \
+  if [ "$KIND" = bwd ]; then case_cmd=("$HERE/bwd_profile_case.py" ours $case); else case_cmd=("$HERE/ws_profile_case.py" $case); fi
+  timeout ${NCU_TIMEOUT:-100} ncu --clock-control none -k regex:$kernel --launch-skip 3 --launch-count 1 \
     --section WarpStateStats --section SourceCounters --import-source no -o /tmp/ncu_$tag \
-    $PY "$HERE/ws_profile_case.py" $case > /tmp/ncu_$tag.log 2>&1 || { tail -5 /tmp/ncu_$tag.log; continue; }
+    $PY "${case_cmd[@]}" > /tmp/ncu_$tag.log 2>&1 || { tail -5 /tmp/ncu_$tag.log; continue; }
   ncu -i /tmp/ncu_$tag.ncu-rep --page raw --csv 2>/dev/null > /tmp/ncu_${tag}_raw.csv
   ncu -i /tmp/ncu_$tag.ncu-rep --page source --csv --print-source sass 2>/dev/null > /tmp/ncu_${tag}_src.csv
   $PY "$HERE/ncu_source_top.py" /tmp/ncu_${tag}_raw.csv /tmp/ncu_${tag}_src.csv
