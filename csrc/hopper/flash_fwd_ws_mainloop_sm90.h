@@ -322,7 +322,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         ++state_k;
         mask_tile(acc_s_next, n_block);
         auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
-        // Measured (session 20): plain d128 / d256 forward +4-9%; the feature kernels 3-6% slower
+        // Measured (session 20): plain d128 / d256 forward +2-9%; the feature kernels 3-6% slower
         // and the plain d64 one 0-4% slower (MUFU-bound there), so only the plain d >= 128 kernels.
         if constexpr (!kFeat && Traits::kHeadDim >= 128) {
             scheduling_block_boundary(softmax.row_sum);  // keeps the P V wait below the exps
