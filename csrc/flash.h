@@ -257,9 +257,16 @@ struct BwdParams : FwdParams {
     // plain kernel, bf16 8k).
     bool bwd_ws_d256_plain_mod;
     // dq_accum's 8-float groups are XOR-swizzled by row % 4 within each row (float c of row r at
-    // c ^ (8 (r % 4))): set by the launcher of the d256 WS deterministic kernel, whose dQ tiles are
-    // bulk-copied from a conflict-free shared-memory layout; the conversion undoes it.
+    // c ^ (8 (r % 4))): set by the launcher of the WS kernels whose dQ tiles are bulk-copied from
+    // a conflict-free shared-memory layout (d256 split-d; d64 / d128 with bwd_ws_dq_swizzle); the
+    // conversion undoes it.
     bool dq_accum_swizzled;
+    // FLASH_ATTN_BWD_WS_DQ_SWIZZLE (default on; set by the binding): the d64 / d128 WS kernels'
+    // dQ tiles (kDqTma) swizzled as above, for conflict-free shared-memory stores.
+    bool bwd_ws_dq_swizzle;
+    // FLASH_ATTN_BWD_WS_DS_STSM (default on): the d64 / d128 WS kernels store dS^T with stmatrix
+    // (else element-wise).
+    bool bwd_ws_ds_stsm;
     // dq_accum is not zeroed by the binding (at::empty): the preprocess kernel zeroes each row it
     // visits, i.e. every row the main kernel adds into (session 20; the default mode, one slice).
     bool dq_accum_zero_in_preprocess;

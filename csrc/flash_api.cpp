@@ -258,6 +258,11 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws = bwd_ws_enabled();
     params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
     params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
+    // d64 / d128 WS dQ tiles swizzled in shared memory and dq_accum (conflict-free stores; session
+    // 21); =0 keeps the plain row-major layout, for A/B. No extra kernels: a run-time XOR.
+    params.bwd_ws_dq_swizzle = env_switch("FLASH_ATTN_BWD_WS_DQ_SWIZZLE", true);
+    // dS^T stored with stmatrix (session 21); =0 stores it element-wise, for A/B.
+    params.bwd_ws_ds_stsm = env_switch("FLASH_ATTN_BWD_WS_DS_STSM", true);
     require_ab_kernels(!params.bwd_ws_overlap, "FLASH_ATTN_BWD_WS_OVERLAP=1");
     // d64 WS calls (plain, ALiBi, deterministic) on 128-row query blocks (the default since
     // session 14); =0 runs the 64-row kernels, compiled only in A/B builds.

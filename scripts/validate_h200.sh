@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S21B bash scripts/validate_h200.sh # d64/128 bf16 build; suite; bwd A/B (dQ swizzle, dS stmatrix); grid; ncu
 #   PART=S21A bash scripts/validate_h200.sh # d64/128 bf16 build; ncu stall reasons per SASS line of the WS backward
 #   PART=S20G bash scripts/validate_h200.sh # bwd preprocess / convert lane groups, no fill: build; suite; pass times; grid
 #   PART=S20B bash scripts/validate_h200.sh # A/B build d128/d256 bf16: FA3 tiles and persistent fwd with the boundary
@@ -190,6 +191,16 @@ case ${PART:-A} in
     built || { export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16; build; }
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
+  S21B)
+    # Session 21: the WS backward's dQ tiles swizzled (conflict-free stores), dS^T by stmatrix,
+    # LSE / softmax_d read ahead of the GEMM waits (plain d128). d64 / d128 bf16 build; the suite;
+    # A/B of the run-time switches; ours vs cuDNN bwd grid; ncu stall sources again.
+    export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=12 step bench_bwd_s21 90 $PY scripts/bench_bwd_s21.py
+    TAIL=30 step grid 120 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --headdims 64,128 --causal both --skip-memory --out /tmp/grid
+    TAIL=60 step ncu_bwd_source 120 env KIND=bwd CASES="128;64" bash scripts/ncu_stall_source.sh ;;
   S21A)
     # Session 21 (prepared in session 20): where the WS backward's warps wait. d64 / d128 bf16
     # build; ncu stall reasons per SASS line of the main kernel (the 4th backward), d128 and d64.

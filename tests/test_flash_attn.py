@@ -134,6 +134,10 @@ def test_flash_attn_output_long(dtype, d, sq, sk, causal, b, h, hk):
 BWD_PATHS = {
     "lockstep": {"FLASH_ATTN_BWD_WS": "0"},
     "ws-atomic": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ": "atomic"},
+    # The WS kernel's session-21 defaults switched off (A/B forms, no extra kernels): dQ tiles
+    # row-major instead of swizzled, dS^T stored element-wise instead of with stmatrix.
+    "ws-dq-rowmajor": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ_SWIZZLE": "0"},
+    "ws-ds-elementwise": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DS_STSM": "0"},
 }
 BWD_PATH_CASES = [
     (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),

@@ -585,16 +585,20 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                 cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
                                                   static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
             }
-            // Row-major fp32, as dq_accum: each float2 store of a warp covers 8 rows x 32 bytes
-            // at a row pitch of kHeadDim x 4 bytes (a multiple of 128), so its 8 rows hit the
-            // same banks (8-way conflicts); a swizzle would need the TMA tensor form or a
-            // permuted dq_accum (FA3), i.e. another conversion kernel.
-            Tensor sdQ = make_tensor(make_smem_ptr(ss.smem_dq.data()), typename Traits::SmemLayoutdQ{});
-            Tensor tdQsdQ = thr_mma_dq.partition_C(sdQ);  // (MMA, MMA_M, MMA_N, buffer)
-            Tensor tdQsdQ_buf = tdQsdQ(_, _, _, dq_buf);
+            // Row-major fp32, as dq_accum. A warp's float2 store covers 8 rows x 32 bytes (lanes
+            // 4 i .. 4 i + 3: row r0 + i, one 8-float group) at a row pitch of kHeadDim x 4 bytes
+            // (a multiple of 128): plain, all 8 rows hit the same 8 banks (8-way conflicts, 22% of
+            // the kernel's shared-memory wavefronts in session 21's ncu). With the swizzle (float
+            // c of row r at c ^ (8 (r % 4)), params.dq_accum_swizzled) rows r0 .. r0 + 3 land on
+            // the four 8-bank groups: 2 wavefronts per store, the minimum for 256 bytes.
+            float *sdQ_buf = ss.smem_dq.data() + dq_buf * (kBlockM * kHeadDim);
+            Tensor cdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+            const int swizzle = params.dq_accum_swizzled ? 3 : 0;  // row bits XORed into the 8-float group
             CUTE_UNROLL
             for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
-                *reinterpret_cast<float2 *>(&tdQsdQ_buf(i)) = make_float2(dq(i), dq(i + 1));
+                const int r = get<0>(cdQ(i)), c = get<1>(cdQ(i));
+                *reinterpret_cast<float2 *>(sdQ_buf + r * kHeadDim + (c ^ ((r & swizzle) << 3))) =
+                    make_float2(dq(i), dq(i + 1));
             }
             cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
             cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
@@ -659,11 +663,28 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
-        warpgroup_wait<1>();
-        warpgroup_fence_operand(acc_s);
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
         const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
+        // kRowPrefetch (the plain d128 kernel: 16 query columns per thread): LSE log2e of this
+        // thread's query columns read from shared memory into registers while S^T runs, and
+        // softmax_d while dV / dP^T run. Read after the wait (a wgmma wait is a memory barrier to
+        // the compiler), each load's latency stalled the exp2 right behind it (session 21's ncu,
+        // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
+        // dropout kernels spill with it (24 / 68 bytes), so they read in place.
+        // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
+        // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
+        constexpr int kQueryCols = decltype(size<1>(scores))::value;
+        constexpr bool kRowPrefetch = !Traits::kSplitD && !Traits::kMod && kQueryCols <= 16;
+        auto lse_log2_of = [&](int r) { return row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f; };
+        float lse_log2_cols[kRowPrefetch ? kQueryCols : 1];
+        float dsum_cols[kRowPrefetch ? kQueryCols : 1];
+        if constexpr (kRowPrefetch) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < kQueryCols; ++ni) { lse_log2_cols[ni] = lse_log2_of(get<1>(coords_st_rc(0, ni))); }
+        }
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(acc_s);
         if constexpr (Traits::kDropout || (Traits::kMod && kHeadDim == 64)) {
             // No softcap with dropout (the binding), nor at d64 (the launcher declines it there):
             // ALiBi only, and no softcap gradient below (registers for the 128-row d64 blocks).
@@ -684,10 +705,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
-            const int r = get<1>(coords_st_rc(0, ni));
-            // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
-            // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
-            const float lse_log2 = row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f;
+            const float lse_log2 = kRowPrefetch ? lse_log2_cols[ni] : lse_log2_of(get<1>(coords_st_rc(0, ni)));
             CUTE_UNROLL
             for (int mi = 0; mi < size<0>(scores); ++mi) {
                 scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse_log2);
@@ -705,6 +723,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                 drop_wait_full(m_block);
                 dropout_bwd_apply_p2<kBlockM>(rP, drop_flags(m_block), coords_st);
             }
+        }
+        if constexpr (kRowPrefetch) {  // softmax_d of the query columns, while dV / dP^T run (see LSE)
+            CUTE_UNROLL
+            for (int ni = 0; ni < kQueryCols; ++ni) { dsum_cols[ni] = dsum_stage[get<1>(coords_st_rc(0, ni))]; }
         }
         if constexpr (!kExchange) {
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
@@ -730,7 +752,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(dS); ++ni) {
-            const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
+            const float dsum = kRowPrefetch ? dsum_cols[ni] : dsum_stage[get<1>(coords_st_rc(0, ni))];
             CUTE_UNROLL
             for (int mi = 0; mi < size<0>(dS); ++mi) {
                 dS(mi, ni) = scores(mi, ni) * (Traits::kDropout ? dS(mi, ni) * dp_scale - dsum : dS(mi, ni) - dsum);
@@ -757,7 +779,21 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // kSplitD: both warpgroups hold the whole dS^T; each writes the 32 keys of two of its warps
         // (warp i of a warpgroup holds accumulator rows 16 i .. 16 i + 15).
         // (The exchange form: each warpgroup writes its 32 queries of dS^T and of P^T.)
-        if (!Traits::kSplitD || kExchange || (tidx % 128) / 64 == tidx / 128) {
+        if constexpr (!Traits::kSplitD) {
+            if (params.bwd_ws_ds_stsm) {
+                // stmatrix (default): four 8 x 8 tiles per instruction, each tile row 8 queries =
+                // 16 contiguous bytes of the MN-major dS buffer (FA3's SM90_U32x4_STSM_N for a
+                // transposed S / dP with an MN-major dS). The element-wise copy below compiles to
+                // 16 generic 4-byte ST per thread at d128 (session 21's ncu: lg_throttle, and the
+                // fence / barrier behind them waiting on the long scoreboard).
+                auto r2s_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_sdp);
+                auto r2s_thr_copy_ds = r2s_copy_ds.get_thread_slice(tidx);
+                Tensor tdSsdSt_stsm = r2s_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, buffer)
+                cute::copy(r2s_copy_ds, r2s_thr_copy_ds.retile_S(rdS), tdSsdSt_stsm(_, _, _, ds_buf));
+            } else {
+                cute::copy(rdS, tdSsdSt(_, _, _, ds_buf));
+            }
+        } else if (kExchange || (tidx % 128) / 64 == tidx / 128) {
             Tensor tdSsdSt_buf = tdSsdSt(_, _, _, ds_buf);
             cute::copy(rdS, tdSsdSt_buf);
         }

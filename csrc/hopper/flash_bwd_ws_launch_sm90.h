@@ -46,6 +46,9 @@ inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (s
 template <typename Traits>
 void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems, int64_t dsum_elems) {
     using Element = typename Traits::Element;
+    // dq_accum's layout for the conversion and the kernel (kp.p is a copy): the split-d stage
+    // form always swizzles; the kDqTma dQ tiles unless FLASH_ATTN_BWD_WS_DQ_SWIZZLE=0.
+    params.dq_accum_swizzled = Traits::kDqStage || (Traits::kDqTma && !Traits::kSplitD && params.bwd_ws_dq_swizzle);
     BwdWsKernelParams<Traits> kp{};
     kp.p = params;
     kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
@@ -75,7 +78,6 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
         auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         params.dq_slice_block_m = Traits::kBlockM, params.dq_slice_block_n = Traits::kBlockN;  // the conversion's view
-        params.dq_accum_swizzled = Traits::kDqStage;
         const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
         kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
         FLASH_CHECK_LAUNCH();
