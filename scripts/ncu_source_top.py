@@ -76,6 +76,17 @@ def source_top(src_path, top_n):
     print("  stall samples by opcode:")
     for op, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:14]:
         print(f"    {op:32s} {100 * v / total:5.1f}%")
+    # Shared-memory bank conflicts (session 21: the WS backward's dQ stores were 22% of its shared
+    # wavefronts, all excessive): the total and the lines with the most excessive wavefronts.
+    i_wf, i_ex = col("L1 Wavefronts Shared"), col("L1 Wavefronts Shared Excessive")
+    i_wf = next((i for i, h in enumerate(header) if h.strip() == "L1 Wavefronts Shared"), i_wf)
+    if i_wf is not None and i_ex is not None:
+        wf = sum(num(r[i_wf]) for r in body) or 1.0
+        ex = sum(num(r[i_ex]) for r in body)
+        print(f"  shared wavefronts {wf:.0f}, excessive {ex:.0f} ({100 * ex / wf:.1f}%)")
+        for k in sorted(range(len(body)), key=lambda k: -num(body[k][i_ex]))[:6]:
+            if num(body[k][i_ex]) > 0:
+                print(f"    #{k:5d} excessive {num(body[k][i_ex]):12.0f} of {num(body[k][i_wf]):12.0f}  {body[k][i_src][:70]}")
     # The instruction mix around the hottest line helps read it: print its neighbours.
     hot = ranked[0]
     print("  around the hottest line:")

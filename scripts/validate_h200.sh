@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S21C bash scripts/validate_h200.sh # d64/128 bf16 build; bwd tests; dQ-before-dK A/B; fwd ncu
 #   PART=S21B bash scripts/validate_h200.sh # d64/128 bf16 build; suite; bwd A/B (dQ swizzle, dS stmatrix); grid; ncu
 #   PART=S21A bash scripts/validate_h200.sh # d64/128 bf16 build; ncu stall reasons per SASS line of the WS backward
 #   PART=S20G bash scripts/validate_h200.sh # bwd preprocess / convert lane groups, no fill: build; suite; pass times; grid
@@ -191,6 +192,15 @@ case ${PART:-A} in
     built || { export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16; build; }
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
+  S21C)
+    # Session 21, second experiment: dQ issued before dK and written out under it
+    # (FLASH_ATTN_BWD_WS_DQ_FIRST=1, plain d64 / d128); the forward's stall sources and bank
+    # conflicts (ncu). d64 / d128 bf16 build.
+    export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test_bwd 120 $PY -m pytest tests/test_flash_attn.py -q -x -k "backward"
+    TAIL=12 step bench_dq_first 60 $PY scripts/bench_bwd_s21.py --dq-first
+    TAIL=80 step ncu_fwd_source 120 env CASES="128 0.0;64 0.0" bash scripts/ncu_stall_source.sh ;;
   S21B)
     # Session 21: the WS backward's dQ tiles swizzled (conflict-free stores), dS^T by stmatrix,
     # LSE / softmax_d read ahead of the GEMM waits (plain d128). d64 / d128 bf16 build; the suite;
