@@ -267,9 +267,6 @@ struct BwdParams : FwdParams {
     // FLASH_ATTN_BWD_WS_DS_STSM (default on): the d64 / d128 WS kernels store dS^T with stmatrix
     // (else element-wise).
     bool bwd_ws_ds_stsm;
-    // FLASH_ATTN_BWD_WS_DQ_FIRST=1 (session-21 experiment): the plain d64 / d128 kernels issue dQ
-    // before dK and write dQ out while dK runs (Traits::kDqFirst).
-    bool bwd_ws_dq_first;
     // dq_accum is not zeroed by the binding (at::empty): the preprocess kernel zeroes each row it
     // visits, i.e. every row the main kernel adds into (session 20; the default mode, one slice).
     bool dq_accum_zero_in_preprocess;

@@ -263,7 +263,6 @@ void set_backward_switches(flash::BwdParams &params) {
     params.bwd_ws_dq_swizzle = env_switch("FLASH_ATTN_BWD_WS_DQ_SWIZZLE", true);
     // dS^T stored with stmatrix (session 21); =0 stores it element-wise, for A/B.
     params.bwd_ws_ds_stsm = env_switch("FLASH_ATTN_BWD_WS_DS_STSM", true);
-    params.bwd_ws_dq_first = env_switch("FLASH_ATTN_BWD_WS_DQ_FIRST", false);
     require_ab_kernels(!params.bwd_ws_overlap, "FLASH_ATTN_BWD_WS_OVERLAP=1");
     // d64 WS calls (plain, ALiBi, deterministic) on 128-row query blocks (the default since
     // session 14); =0 runs the 64-row kernels, compiled only in A/B builds.

@@ -4,7 +4,7 @@
 (FLASH_ATTN_BWD_WS_DQ_SWIZZLE=0: row-major, 8-way bank conflicts) and dS^T stored with stmatrix
 (FLASH_ATTN_BWD_WS_DS_STSM=0: element-wise). bf16 batch 2 x seqlen 8192, hidden 2048, causal off / on.
 
-    python scripts/bench_bwd_s21.py [--dq-first]
+    python scripts/bench_bwd_s21.py
 """
 
 import os
@@ -17,11 +17,6 @@ from gpu_check_common import bench_backward_variants  # noqa: E402
 
 
 def main():
-    if "--dq-first" in sys.argv:  # FLASH_ATTN_BWD_WS_DQ_FIRST=1: dQ issued before dK, written out under it
-        bench_backward_variants([("default", {}, {}), ("dq-first", {}, {"FLASH_ATTN_BWD_WS_DQ_FIRST": "1"}),
-                                 ("default", {}, {}), ("dq-first", {}, {"FLASH_ATTN_BWD_WS_DQ_FIRST": "1"})],
-                                head_dims=(64, 128))
-        return
     bench_backward_variants([("neither", {}, {"FLASH_ATTN_BWD_WS_DQ_SWIZZLE": "0", "FLASH_ATTN_BWD_WS_DS_STSM": "0"}),
                              ("swizzle", {}, {"FLASH_ATTN_BWD_WS_DS_STSM": "0"}),
                              ("stsm", {}, {"FLASH_ATTN_BWD_WS_DQ_SWIZZLE": "0"}),

@@ -193,9 +193,9 @@ case ${PART:-A} in
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
   S21C)
-    # Session 21, second experiment: dQ issued before dK and written out under it
-    # (FLASH_ATTN_BWD_WS_DQ_FIRST=1, plain d64 / d128); the forward's stall sources and bank
-    # conflicts (ncu). d64 / d128 bf16 build.
+    # Session 21, second experiment (branch s21-dq-first; not merged: d64 +1%, d128 +-0): dQ
+    # issued before dK and written out under it (FLASH_ATTN_BWD_WS_DQ_FIRST=1, plain d64 / d128);
+    # the forward's stall sources and bank conflicts (ncu). d64 / d128 bf16 build.
     export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16
     build
     TAIL=3 step test_bwd 120 $PY -m pytest tests/test_flash_attn.py -q -x -k "backward"

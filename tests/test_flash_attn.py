@@ -138,7 +138,6 @@ BWD_PATHS = {
     # row-major instead of swizzled, dS^T stored element-wise instead of with stmatrix.
     "ws-dq-rowmajor": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ_SWIZZLE": "0"},
     "ws-ds-elementwise": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DS_STSM": "0"},
-    "ws-dq-first": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ_FIRST": "1"},
 }
 BWD_PATH_CASES = [
     (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),

@@ -770,11 +770,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor converted = convert_type<Element>(acc_dp);
             cute::copy(converted, rdS);
         }
-        auto issue_dk = [&]() {
+        if constexpr (!kExchange) {
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
                                                      tdKrQt(_, _, _, stage), acc_dk);
-        };
-        if constexpr (!kExchange && !Traits::kDqFirst) { issue_dk(); }
+        }
 
         // dQ = dS K over the whole key block: dS^T of both warpgroups through shared memory.
         // kSplitD: both warpgroups hold the whole dS^T; each writes the 32 keys of two of its warps
@@ -824,20 +823,6 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             }
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc_dq);
-        } else if constexpr (Traits::kDqFirst) {
-            // dQ, then dK; the dQ tile leaves while dK runs, and the stage (dK reads Q^T) is
-            // released once dK has completed.
-            wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
-            issue_dk();
-            warpgroup_wait<1>();
-            warpgroup_fence_operand(acc_dq);
-            write_out_dq(acc_dq, m_block);
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc_dv);
-            warpgroup_fence_operand(acc_dk);
-            pipeline.consumer_release(state);
-            ++state;
-            continue;
         } else {
             wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq);
         }

@@ -189,12 +189,6 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
             // stay for A/B (FLASH_ATTN_BWD_WS_M128=0, FLASH_ATTN_AB_KERNELS=1 builds; the binding
             // rejects the switch elsewhere, so a default build never needs them).
             if (params.bwd_ws_dq_tma && (params.bwd_ws_m128 || !kBuildAbKernels)) {
-                if (params.bwd_ws_dq_first) {  // session-21 experiment
-                    using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, false, false, 0, false,
-                                                   false, /*kBlockM=*/128, /*kDqFirst=*/true>;
-                    bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                    return true;
-                }
                 using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, false, false, 0, false, false,
                                                /*kBlockM=*/128>;
                 bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
@@ -202,14 +196,6 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
             }
         }
         if (params.bwd_ws_dq_tma) {
-            if constexpr (kHeadDim == 128) {
-                if (params.bwd_ws_dq_first) {  // session-21 experiment
-                    using Traits = BwdWsTraitsSm90<128, 2, Element, /*kDqTma=*/true, false, false, false, 0, false,
-                                                   false, /*kBlockM=*/64, /*kDqFirst=*/true>;
-                    bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                    return true;
-                }
-            }
             if constexpr (kHeadDim != 64 || kBuildAbKernels) {
                 bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q,
                                                                                          batch_q, lse_elems, dsum_elems);

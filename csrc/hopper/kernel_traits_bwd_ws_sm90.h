@@ -71,7 +71,7 @@ enum class BwdWsBarrier : uint32_t {
 // queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
           bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kDqStage_ = false,
-          bool kDqV4_ = false, int kBlockM_ = 64, bool kDqFirst_ = false>
+          bool kDqV4_ = false, int kBlockM_ = 64>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
                                             BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
@@ -101,12 +101,6 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
                   "exchange form");
     static constexpr bool kDqStage = kDqStage_;
     static constexpr bool kDqV4 = kDqV4_;
-    // kDqFirst (plain kernels; FLASH_ATTN_BWD_WS_DQ_FIRST=1, session-21 experiment): after the dS
-    // barrier the dQ GEMM is issued before dK's (not dK before the barrier), and the dQ tile is
-    // written out while dK runs; the stage is released after dK.
-    static constexpr bool kDqFirst = kDqFirst_;
-    static_assert(!kDqFirst || (!kMod_ && !kDropout_ && kSplitD_ == 0 && kDqTma_ && !kOverlap_),
-                  "dQ before dK: the plain kernels with the dQ bulk reduce-add");
     static_assert(!kDqV4 || (kSplitD && !kDqStage), "float4 dQ atomics: the split-d kernel's atomics");
     static_assert(!kDqStage || (kSplitDExchange && kStages == 2), "dQ through the Q / dO stage: split-d");
     static constexpr int kNConsumerThreads = 256;
