@@ -10,6 +10,9 @@ all its heads would read contiguous 2 KB rows instead. This probe times the two 
   per-head:     CTA (b, h) reads K and V rows (b, s, h, :) for every s (the decode kernels' order);
   head-major:   CTA (b, q) reads K and V rows (b, s, :, :) for s in the q-th of h_k key ranges;
   per-head-rev: per-head with the CTA index order (h, b) instead of (b, h).
+  flat-G:       G CTAs, CTA i copying the i-th of G contiguous pieces of K and of V (session 21: do
+                all 132 SMs read faster than the decode kernels' 128 CTAs? a stream-K decode
+                would split the (batch, KV head, key tile) space this way).
 
 Each CTA (256 threads) copies 32 KB per step with cp.async into a 3-stage shared-memory ring (up to
 96 KB in flight, as the CTA decode kernel), nothing computed. Shapes: the issue-4 decode shapes (b16 4k and 32k,
@@ -28,6 +31,7 @@ CUDA_SRC = r"""
 #include <torch/extension.h>
 #include <cuda_runtime.h>
 #include <c10/cuda/CUDAStream.h>
+#include <algorithm>
 
 __device__ __forceinline__ void cp_async_16(uint4 *smem, const uint4 *gmem) {
     const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -38,7 +42,8 @@ constexpr int kStages = 3;  // 32 KB per stage: up to 96 KB in flight per CTA, a
 constexpr int kPerThread = 8;  // 16-byte copies per thread per stage: 4 of K, 4 of V
 
 // mode 0: per-head (CTA = b * hk + h); 1: head-major (CTA = b * hk + q, key range q of hk);
-// 2: per-head, CTA = h * batch + b. 256 threads; a row of one head is 16 chunks of 16 bytes.
+// 2: per-head, CTA = h * batch + b; 3: flat, gridDim.x contiguous pieces of the whole cache. 256
+// threads; a row of one head is 16 chunks of 16 bytes.
 template <int kMode>
 __global__ void __launch_bounds__(256) probe_kernel(const uint4 *k, const uint4 *v, int batch, int seqlen, int hk,
                                                      uint4 *out) {
@@ -47,7 +52,15 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *k, const uint4 
     const int64_t row_chunks = int64_t(hk) * 16;  // 16-byte chunks per (b, s) row of all heads
     int steps;
     int64_t base;
-    if (kMode == 1) {
+    const int64_t total = int64_t(batch) * seqlen * row_chunks;  // 16-byte chunks of K (and of V)
+    constexpr int kStepChunks = 256 * kPerThread / 2;
+    if (kMode == 3) {
+        const int64_t total_steps = (total + kStepChunks - 1) / kStepChunks;
+        const int64_t per_cta = (total_steps + gridDim.x - 1) / gridDim.x;
+        const int64_t first = int64_t(blockIdx.x) * per_cta;
+        base = first * kStepChunks;
+        steps = int(first >= total_steps ? 0 : (total_steps - first < per_cta ? total_steps - first : per_cta));
+    } else if (kMode == 1) {
         const int b = blockIdx.x / hk, q = blockIdx.x % hk;
         const int rows = seqlen / hk;
         base = (int64_t(b) * seqlen + int64_t(q) * rows) * row_chunks;
@@ -63,7 +76,10 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *k, const uint4 
 #pragma unroll
         for (int u = 0; u < kPerThread / 2; ++u) {
             int64_t i;
-            if (kMode == 1) {
+            if (kMode == 3) {
+                i = base + int64_t(step) * kStepChunks + u * 256 + t;
+                if (i >= total) continue;
+            } else if (kMode == 1) {
                 i = base + int64_t(step) * (256 * kPerThread / 2) + u * 256 + t;  // contiguous 4 KB per u
             } else {
                 const int s = step * (16 * kPerThread / 2) + u * 16 + t / 16;
@@ -86,31 +102,35 @@ __global__ void __launch_bounds__(256) probe_kernel(const uint4 *k, const uint4 
     out[int64_t(blockIdx.x) * 256 + t] = ring[t];
 }
 
-void probe(torch::Tensor k, torch::Tensor v, int64_t mode, torch::Tensor out) {
+void probe(torch::Tensor k, torch::Tensor v, int64_t mode, int64_t ctas, torch::Tensor out) {
     const int batch = k.size(0), seqlen = k.size(1), hk = k.size(2);
     TORCH_CHECK(k.size(3) == 128 && k.element_size() == 2 && k.is_contiguous() && v.is_contiguous());
     TORCH_CHECK(seqlen % (hk * 64) == 0);
-    const dim3 grid(batch * hk);
+    TORCH_CHECK(out.numel() * 4 >= std::max<int64_t>(ctas, batch * hk) * 256 * 16);
+    const dim3 grid(mode == 3 ? ctas : batch * hk);
     auto stream = c10::cuda::getCurrentCUDAStream().stream();
     auto kp = reinterpret_cast<const uint4 *>(k.data_ptr()), vp = reinterpret_cast<const uint4 *>(v.data_ptr());
     auto op = reinterpret_cast<uint4 *>(out.data_ptr());
     const int smem = kStages * kPerThread * 256 * 16;
     static bool attr_set = false;
     if (!attr_set) {
-        for (auto f : {probe_kernel<0>, probe_kernel<1>, probe_kernel<2>}) {
+        for (auto f : {probe_kernel<0>, probe_kernel<1>, probe_kernel<2>, probe_kernel<3>}) {
             C10_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         }
         attr_set = true;
     }
     if (mode == 0) probe_kernel<0><<<grid, 256, smem, stream>>>(kp, vp, batch, seqlen, hk, op);
     else if (mode == 1) probe_kernel<1><<<grid, 256, smem, stream>>>(kp, vp, batch, seqlen, hk, op);
-    else probe_kernel<2><<<grid, 256, smem, stream>>>(kp, vp, batch, seqlen, hk, op);
+    else if (mode == 2) probe_kernel<2><<<grid, 256, smem, stream>>>(kp, vp, batch, seqlen, hk, op);
+    else probe_kernel<3><<<grid, 256, smem, stream>>>(kp, vp, batch, seqlen, hk, op);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 """
 
-CPP_SRC = "void probe(torch::Tensor k, torch::Tensor v, int64_t mode, torch::Tensor out);"
-MODES = {"per-head": 0, "head-major": 1, "per-head-rev": 2}
+CPP_SRC = "void probe(torch::Tensor k, torch::Tensor v, int64_t mode, int64_t ctas, torch::Tensor out);"
+# name: (mode, CTAs of the flat mode)
+MODES = {"per-head": (0, 0), "head-major": (1, 0), "per-head-rev": (2, 0), "flat-128": (3, 128), "flat-132": (3, 132),
+         "flat-264": (3, 264)}
 
 
 def time_ms(fn, flush, reps=30):
@@ -139,11 +159,11 @@ def main():
         torch.manual_seed(b + s)
         k = torch.randn(b, s, 8, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        out = torch.empty(b * 8 * 256 * 4, dtype=torch.int32, device="cuda")
+        out = torch.empty(max(b * 8, 264) * 256 * 4, dtype=torch.int32, device="cuda")
         times = {name: [] for name in MODES}
         for _ in range(args.rounds):
-            for name, mode in MODES.items():
-                times[name].append(time_ms(lambda: ext.probe(k, v, mode, out), flush))
+            for name, (mode, ctas) in MODES.items():
+                times[name].append(time_ms(lambda: ext.probe(k, v, mode, ctas, out), flush))
         gb = 2 * k.numel() * k.element_size() / 1e9
         cells = "  ".join("%s %5.0f" % (n, gb / (statistics.median(t) * 1e-3)) for n, t in times.items())
         print("b=%-3d s=%-7d CTAs %3d  GB/s: %s" % (b, s, b * 8, cells), flush=True)

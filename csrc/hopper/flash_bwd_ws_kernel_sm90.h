@@ -671,7 +671,8 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // softmax_d while dV / dP^T run. Read after the wait (a wgmma wait is a memory barrier to
         // the compiler), each load's latency stalled the exp2 right behind it (session 21's ncu,
         // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
-        // dropout kernels spill with it (24 / 68 bytes), so they read in place.
+        // dropout kernels spill with it (24 / 68 bytes), and the d64 kernel (32 columns per
+        // thread: 300 bytes), so they read in place.
         // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
         // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
         constexpr int kQueryCols = decltype(size<1>(scores))::value;
