@@ -4,7 +4,7 @@ backend) and head dim from the command line. Three warm-up backwards, then the f
 --launch-skip 3 --launch-count 1), then a fifth inside cudaProfilerStart / Stop (ncu
 --profile-from-start off: every kernel of one backward, whatever its name).
 
-    python scripts/bwd_profile_case.py ours 256
+    python scripts/bwd_profile_case.py ours 256 [dropout_p]
 """
 import sys
 
@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 
 backend, d = sys.argv[1], int(sys.argv[2])
+dropout_p = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0  # ours only
 b, s, h = 2, 8192, 2048 // d
 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
 dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
 if backend == "ours":
     from flash_attn import flash_attn_func
 
-    out = flash_attn_func(q, k, v)
+    out = flash_attn_func(q, k, v, dropout_p=dropout_p)
     go = dout
 else:
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S21H bash scripts/validate_h200.sh # d64/256 bf16 build; ncu stall sources of the d256 and d64-dropout bwd
 #   PART=S21C bash scripts/validate_h200.sh # d64/128 bf16 build; bwd tests; dQ-before-dK A/B; fwd ncu
 #   PART=S21B bash scripts/validate_h200.sh # d64/128 bf16 build; suite; bwd A/B (dQ swizzle, dS stmatrix); grid; ncu
 #   PART=S21A bash scripts/validate_h200.sh # d64/128 bf16 build; ncu stall reasons per SASS line of the WS backward
@@ -192,6 +193,12 @@ case ${PART:-A} in
     built || { export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16; build; }
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
+  S21H)
+    # Session 21, last call: the per-instruction ncu view (stall reasons, bank-conflict excess) of
+    # the d256 split-d backward and the d64 dropout backward. d64 / d256 bf16 build.
+    export FLASH_ATTN_HEAD_DIMS=64,256 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=100 step ncu_bwd_source 150 env KIND=bwd CASES="256;64 0.1" bash scripts/ncu_stall_source.sh ;;
   S21C)
     # Session 21, second experiment (branch s21-dq-first; not merged: d64 +1%, d128 +-0): dQ
     # issued before dK and written out under it (FLASH_ATTN_BWD_WS_DQ_FIRST=1, plain d64 / d128);
