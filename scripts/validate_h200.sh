@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S21I bash scripts/validate_h200.sh # d256 bf16: row prefetch in the split-d kernels vs HEAD~1 (two builds)
 #   PART=S21H bash scripts/validate_h200.sh # d64/256 bf16 build; ncu stall sources of the d256 and d64-dropout bwd
 #   PART=S21C bash scripts/validate_h200.sh # d64/128 bf16 build; bwd tests; dQ-before-dK A/B; fwd ncu
 #   PART=S21B bash scripts/validate_h200.sh # d64/128 bf16 build; suite; bwd A/B (dQ swizzle, dS stmatrix); grid; ncu
@@ -193,6 +194,20 @@ case ${PART:-A} in
     built || { export FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16; build; }
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
+  S21I)
+    # Session 21: LSE / softmax_d read ahead of the GEMM waits in the d256 split-d exchange kernels
+    # (HEAD) against HEAD~1 (compile-time change: two builds, the .so swapped between interleaved
+    # timing processes). d256 bf16 build; d256 tests; 2 x 2 interleaved backward timings.
+    export FLASH_ATTN_HEAD_DIMS=256 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/new.so
+    TAIL=3 step test_d256 100 $PY -m pytest tests/test_flash_attn.py tests/test_flash_attn_features.py -q -x
+    git checkout HEAD~1 -- csrc/hopper/flash_bwd_ws_kernel_sm90.h
+    TAIL=1 step rebuild_old 150 env FLASH_ATTN_PTXAS_VERBOSE=1 $PY -m pip install --no-build-isolation --no-deps -e .
+    cp "$so" /tmp/old.so; git checkout HEAD -- csrc/hopper/flash_bwd_ws_kernel_sm90.h
+    for r in 1 2; do for v in old new; do cp /tmp/$v.so "$so"; echo "== $v"
+      $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import bench_backward_variants as b; b([('$v', {}, {})], head_dims=(256,))" 2>&1 | tail -2
+    done; done | tee "$OUT/ab_d256_prefetch.log" ;;
   S21H)
     # Session 21, last call: the per-instruction ncu view (stall reasons, bank-conflict excess) of
     # the d256 split-d backward and the d64 dropout backward. d64 / d256 bf16 build.
