@@ -196,15 +196,17 @@ case ${PART:-A} in
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
   S21I)
     # Session 21: LSE / softmax_d read ahead of the GEMM waits in the d256 split-d exchange kernels
-    # (HEAD) against HEAD~1 (compile-time change: two builds, the .so swapped between interleaved
-    # timing processes). d256 bf16 build; d256 tests; 2 x 2 interleaved backward timings.
+    # against the previous kernel (compile-time change: two builds, the .so swapped between
+    # interleaved timing processes). Needs .ab/old_bwd_kernel.h (`git show 882e23e:csrc/hopper/
+    # flash_bwd_ws_kernel_sm90.h`, carried: .ab in .git/info/exclude and in `carry`). d256 bf16
+    # build; d256 tests; 2 x 2 interleaved backward timings.
     export FLASH_ATTN_HEAD_DIMS=256 FLASH_ATTN_DTYPES=bf16
     build
     so=$(ls flash_attn/_C*.so); cp "$so" /tmp/new.so
     TAIL=3 step test_d256 100 $PY -m pytest tests/test_flash_attn.py tests/test_flash_attn_features.py -q -x
-    git checkout HEAD~1 -- csrc/hopper/flash_bwd_ws_kernel_sm90.h
+    cp csrc/hopper/flash_bwd_ws_kernel_sm90.h /tmp/new_kernel.h; cp .ab/old_bwd_kernel.h csrc/hopper/flash_bwd_ws_kernel_sm90.h
     TAIL=1 step rebuild_old 150 env FLASH_ATTN_PTXAS_VERBOSE=1 $PY -m pip install --no-build-isolation --no-deps -e .
-    cp "$so" /tmp/old.so; git checkout HEAD -- csrc/hopper/flash_bwd_ws_kernel_sm90.h
+    cp "$so" /tmp/old.so; cp /tmp/new_kernel.h csrc/hopper/flash_bwd_ws_kernel_sm90.h
     for r in 1 2; do for v in old new; do cp /tmp/$v.so "$so"; echo "== $v"
       $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import bench_backward_variants as b; b([('$v', {}, {})], head_dims=(256,))" 2>&1 | tail -2
     done; done | tee "$OUT/ab_d256_prefetch.log" ;;
