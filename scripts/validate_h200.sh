@@ -195,8 +195,9 @@ case ${PART:-A} in
     TAIL=2 step ncu_bwd_d128 170 env D=128 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh
     TAIL=2 step ncu_bwd_d64 170 env D=64 BACKENDS="ours cudnn" bash scripts/ncu_bwd_compare.sh ;;
   S21I)
-    # Session 21: LSE / softmax_d read ahead of the GEMM waits in the d256 split-d exchange kernels
-    # against the previous kernel (compile-time change: two builds, the .so swapped between
+    # Session 21 (branch s21-d256-prefetch; not merged: non-causal +-0, causal 2% slower): LSE /
+    # softmax_d read ahead of the GEMM waits in the d256 split-d exchange kernels against the
+    # previous kernel (compile-time change: two builds, the .so swapped between
     # interleaved timing processes). Needs .ab/old_bwd_kernel.h (`git show 882e23e:csrc/hopper/
     # flash_bwd_ws_kernel_sm90.h`, carried: .ab in .git/info/exclude and in `carry`). d256 bf16
     # build; d256 tests; 2 x 2 interleaved backward timings.

@@ -666,20 +666,17 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * Traits::kRowStageStride + lse_shift;
         const float *dsum_stage = smem_dsum + stage * Traits::kRowStageStride + dsum_shift;
-        // kRowPrefetch (the plain d128 kernel: 16 query columns per thread; the d256 split-d
-        // exchange kernels, plain and score-modifier: 8): LSE log2e of this thread's query
-        // columns read from shared memory into registers while S^T runs, and softmax_d while dV /
-        // dP^T run. Read after the wait (a wgmma wait is a memory barrier to the compiler), each
-        // load's latency stalled the exp2 right behind it (session 21's ncu: ~5% of the stall
-        // samples at the LSE, ~3% at softmax_d, d128 and d256 alike). The d128 score-modifier /
+        // kRowPrefetch (the plain d128 kernel: 16 query columns per thread): LSE log2e of this
+        // thread's query columns read from shared memory into registers while S^T runs, and
+        // softmax_d while dV / dP^T run. Read after the wait (a wgmma wait is a memory barrier to
+        // the compiler), each load's latency stalled the exp2 right behind it (session 21's ncu,
+        // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
         // dropout kernels spill with it (24 / 68 bytes), and the d64 kernel (32 columns per
-        // thread: 300 bytes), so they read in place. No run-time switch: it spilled 100 bytes at
-        // d256.
+        // thread: 300 bytes), so they read in place.
         // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
         // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
         constexpr int kQueryCols = decltype(size<1>(scores))::value;
-        constexpr bool kRowPrefetch =
-            (Traits::kSplitDExchange && !Traits::kDropout) || (!Traits::kSplitD && !Traits::kMod && kQueryCols <= 16);
+        constexpr bool kRowPrefetch = !Traits::kSplitD && !Traits::kMod && kQueryCols <= 16;
         auto lse_log2_of = [&](int r) { return row0 + r < seqlen_q ? lse_stage[r] * kLog2e : 0.f; };
         float lse_log2_cols[kRowPrefetch ? kQueryCols : 1];
         float dsum_cols[kRowPrefetch ? kQueryCols : 1];
