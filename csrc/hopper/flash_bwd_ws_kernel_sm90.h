@@ -672,7 +672,8 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // the compiler), each load's latency stalled the exp2 right behind it (session 21's ncu,
         // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
         // dropout kernels spill with it (24 / 68 bytes), and the d64 kernel (32 columns per
-        // thread: 300 bytes), so they read in place.
+        // thread: 300 bytes), so they read in place. The d256 split-d kernels took it without
+        // spills but were no faster (causal 2% slower; branch s21-d256-prefetch).
         // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
         // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
         constexpr int kQueryCols = decltype(size<1>(scores))::value;
