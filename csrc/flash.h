@@ -127,6 +127,10 @@ struct FwdParams : QKVParams {
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT).
     bool fwd_ws_persistent;
+    // Persistent forward with a dynamic tile order (causal, sliding window or varlen calls, whose
+    // tiles differ in work): a zeroed int32 the CTAs draw their next tiles from with atomicAdd;
+    // nullptr = the static order (tile blockIdx.x + k gridDim.x).
+    int *tile_count_ptr;
     // Split-KV with num_splits > 1: launch the combine kernel as a programmatic dependent launch
     // (sm_90+; set by the binding, FLASH_ATTN_DECODE_PDL=0 off; flash_fwd_splitkv_kernel.h).
     bool decode_pdl;

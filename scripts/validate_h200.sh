@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S22A bash scripts/validate_h200.sh # A/B build 64/128/256 bf16: persistent fwd (own O buffer, dynamic order): check, bench vs cuDNN, tests
 #   PART=S21I bash scripts/validate_h200.sh # d256 bf16: row prefetch in the split-d kernels vs HEAD~1 (two builds)
 #   PART=S21H bash scripts/validate_h200.sh # d64/256 bf16 build; ncu stall sources of the d256 and d64-dropout bwd
 #   PART=S21C bash scripts/validate_h200.sh # d64/128 bf16 build; bwd tests; dQ-before-dK A/B; fwd ncu
@@ -250,6 +251,15 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S22A)
+    # Session 22: the persistent WS forward with O in its own buffer (Q released after the tile's
+    # last S GEMM) and the dynamic tile order for causal / window / varlen calls. A/B build, bf16,
+    # head dims 64 / 128 / 256: correctness (bitwise vs one CTA per tile), times vs cuDNN, tests.
+    export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=60 step check_fwd_ws_persistent 200 $PY scripts/check_fwd_ws_persistent.py --dtypes bf16 --case-timeout 30
+    TAIL=3 step test_persistent 150 env FLASH_ATTN_FWD_WS_PERSISTENT=1 $PY -m pytest tests/test_flash_attn.py \
+      tests/test_varlen_kvcache.py -q -x -k "not bwd and not backward and not grad" ;;
   S20B)
     # Session 20, second call: with the scheduling-block boundary (the plain d >= 128 WS forward
     # kernels), FA3's key tiles (d128 176, d256 80) and the persistent forward again (session 5 /

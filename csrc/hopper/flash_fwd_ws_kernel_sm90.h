@@ -83,60 +83,106 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Pipeline pipeline_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on or arrives at them
 
-    // Q / O staging protocol across tiles (persistent kernel): the producer loads a tile's Q only
-    // after the consumers' epilogue of the previous valid tile has read its O from the Q tiles
-    // (barrier_q_empty, one phase per valid tile, all consumer threads arrive); barrier_q also
-    // completes one phase per valid tile (a plain producer arrival for tiles without work, whose
-    // epilogue still stages zeros through the Q tiles), so that neither side gets two phases ahead
-    // and the parity waits stay unambiguous.
+    // Tile hand-out (persistent kernel): the producer thread picks the tiles, static (blockIdx.x,
+    // + gridDim.x, ...) or dynamic (params.tile_count_ptr: gridDim.x + atomicAdd, the next one
+    // drawn while the current one loads, so that a CTA that got short causal tiles takes more),
+    // and passes each to the consumers in ss.tile_next, written before its arrival on barrier_q;
+    // -1 (after the last tile) ends the consumers' loop. Tiles past a varlen sequence's rows are
+    // skipped by the producer alone.
+    // Q / O protocol across tiles: the producer loads a tile's Q only after every consumer thread
+    // has arrived on barrier_q_empty for the previous tile: right after its last S GEMM where O
+    // has its own buffer (Traits::kPersistentOwnO), after its epilogue otherwise (O staged in the
+    // Q tiles). barrier_q completes one phase per tile handed out, and one for the end (a plain
+    // producer arrival for tiles without work and for the end), so that neither side gets two
+    // phases ahead and the parity waits stay unambiguous.
+    constexpr bool kOwnO = kPersistent && Traits::kPersistentOwnO;
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
-        cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+        cutlass::arch::warpgroup_reg_dealloc<kPersistent && Traits::kNConsumerWG == 2 ? 40 : Traits::kProducerRegs>();
         if (threadIdx.x == 0) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
             cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
             auto state_k = cutlass::make_producer_start_state<Pipeline>();
             auto state_v = cutlass::make_producer_start_state<Pipeline>();
+            // (params.tile_count_ptr read where used, from parameter space: no register held.)
+            auto draw_tile = [&](int t) {
+                if constexpr (kPersistent) {
+                    if (params.tile_count_ptr != nullptr) {
+                        return int(gridDim.x) + atomicAdd(params.tile_count_ptr, 1);
+                    }
+                }
+                return t + tile_stride;
+            };
             int valid_tiles = 0;
-            for (int t = tile_first; t < num_tiles; t += tile_stride) {
+            auto wait_q_free = [&]() {
+                if (kPersistent && valid_tiles > 0) {
+                    cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, (valid_tiles - 1) & 1);
+                }
+            };
+            for (int t = tile_first; t < num_tiles;) {
                 const BlockInfo binfo(params, batch_of(t));
                 const Tile tile = make_tile(t, binfo);
-                if (!tile.valid) continue;
-                // The previous valid tile's epilogue is done with the Q tiles (its O staging).
-                const bool must_wait = kPersistent && valid_tiles > 0;
-                const int q_free_phase = (valid_tiles - 1) & 1;
-                auto wait_q_free = [&]() {
-                    if (must_wait) { cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, q_free_phase); }
-                };
-                ++valid_tiles;
-                if (!tile.has_work) {
-                    // No loads, but barrier_q still completes a phase, so that the consumers (which
-                    // wait on it for every valid tile) never run more than one tile ahead and the
-                    // parity waits on both barriers stay unambiguous.
-                    if constexpr (kPersistent) {
-                        wait_q_free();
-                        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
-                    }
+                if (!tile.valid) {
+                    t = draw_tile(t);
                     continue;
                 }
-                fwd_ws_load<Traits, kPersistent>(kp, ss, pipeline_k, pipeline_v, binfo, tile.m_block, tile.bidb,
-                                                 tile.bidh, tile.bidh / params.h_h_k_ratio, tile.n_block_min,
-                                                 tile.n_block_max, state_k, state_v, wait_q_free);
+                // Before the Q load (or the arrival for a tile without work): the previous tile's
+                // consumers are done with the Q tiles, and ss.tile_next with it.
+                auto before_q = [&]() {
+                    wait_q_free();
+                    if constexpr (kPersistent) { ss.tile_next = t; }
+                };
+                if (!tile.has_work) {
+                    // No loads, but barrier_q still completes a phase (see above).
+                    if constexpr (kPersistent) {
+                        before_q();
+                        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
+                    }
+                } else {
+                    fwd_ws_load<Traits, kPersistent>(kp, ss, pipeline_k, pipeline_v, binfo, tile.m_block, tile.bidb,
+                                                     tile.bidh, tile.bidh / params.h_h_k_ratio, tile.n_block_min,
+                                                     tile.n_block_max, state_k, state_v, before_q);
+                }
+                ++valid_tiles;
+                // Drawn after this tile's loads are issued (the producer runs kStages tiles ahead of
+                // the consumers, which hides the atomic's latency): a value held across the loads
+                // spilled at the producer's 24 registers.
+                t = draw_tile(t);
+            }
+            if constexpr (kPersistent) {  // the end: one more phase of barrier_q, tile -1
+                wait_q_free();
+                ss.tile_next = -1;
+                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
             }
         }
     } else {
         // ---- consumer warpgroups ----
-        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+        cutlass::arch::warpgroup_reg_alloc<kPersistent && Traits::kNConsumerWG == 2 ? 232 : Traits::kConsumerRegs>();
         const int wg = warp_group_idx - 1;
         const int wg_tidx = threadIdx.x % 128;
-        Element *smem_o = ss.smem_q.data() + wg * cosize(typename Traits::SmemLayoutQTile{});
+        Element *smem_o = kOwnO ? reinterpret_cast<Element *>(smem + Traits::kSmemOOffset) +
+                                      wg * cosize(typename Traits::SmemLayoutQTile{})
+                                : ss.smem_q.data() + wg * cosize(typename Traits::SmemLayoutQTile{});
         typename Traits::PipelineState state_k, state_v;  // consumer start: stage 0, phase 0
-        int valid_tiles = 0;  // barrier_q completes one phase per valid tile (persistent kernel)
-        for (int t = tile_first; t < num_tiles; t += tile_stride) {
+        // Persistent kernel: every consumer thread arrives once per tile (see above). Where O was
+        // staged in Q, our generic-proxy smem accesses must be ordered before the next Q's TMA
+        // writes; the early release follows reads by wgmma (async proxy) only.
+        auto release_q = [&]() {
+            if constexpr (!kOwnO) { cutlass::arch::fence_view_async_shared(); }
+            cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+        };
+        int valid_tiles = 0;  // barrier_q completes one phase per tile (persistent kernel)
+        for (int t = tile_first;;) {
+            const int q_phase = kPersistent ? valid_tiles & 1 : 0;
+            if constexpr (kPersistent) {
+                cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_phase);
+                t = ss.tile_next;
+                if (t < 0) break;
+            }
             const BlockInfo binfo(params, batch_of(t));
             const Tile tile = make_tile(t, binfo);
-            if (!tile.valid) continue;
+            if (!kPersistent && !tile.valid) break;
             const int row0 = tile.m_block * kBlockM + wg * kRowsPerWG;
 
             typename Traits::TiledMmaPV tiled_mma_pv;
@@ -144,18 +190,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             constexpr int kNRows = decltype(size<0>(acc_layout_rowcol(acc_o.layout())))::value;
             OnlineSoftmax<kNRows> softmax;
 
-            const int q_phase = kPersistent ? valid_tiles & 1 : 0;
             ++valid_tiles;
             if (!tile.has_work) {  // no visible key for the whole tile: out = 0, lse = +inf
-                if constexpr (kPersistent) { cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_phase); }
+                if constexpr (kOwnO) { release_q(); }
                 clear(acc_o);
                 Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
                 fill(lse, INFINITY);
                 fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
-                if constexpr (kPersistent) {  // our smem accesses before the next Q's TMA writes
-                    cutlass::arch::fence_view_async_shared();
-                    cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
-                }
+                if constexpr (kPersistent && !kOwnO) { release_q(); }
+                if constexpr (!kPersistent) { break; }
                 continue;
             }
             if (wg == 0) {  // WG0 takes the first turn on the tensor cores
@@ -188,24 +231,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
             fwd_ws_mma<Traits, kFeat>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
                                       tile.n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags, state_k, state_v,
-                                      q_phase);
+                                      q_phase, [&]() {
+                                          if constexpr (kOwnO) { release_q(); }
+                                      });
             if (wg == 0) {  // consume the last WG's last turn hand-over
                 cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
             }
             // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
             Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
             if constexpr (kPersistent) {
-                // The tile's coordinates again from t: fewer registers held across the main loop.
+                // The tile's coordinates again from ss-free state (t): fewer registers held across
+                // the main loop.
                 const BlockInfo binfo_epi(params, batch_of(t));
                 const Tile tile_epi = make_tile(t, binfo_epi);
                 fwd_ws_store<Traits>(params, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
                                      tile_epi.m_block * kBlockM + wg * kRowsPerWG);
+                if constexpr (!kOwnO) { release_q(); }
             } else {
                 fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
-            }
-            if constexpr (kPersistent) {  // our smem accesses before the next Q's TMA writes
-                cutlass::arch::fence_view_async_shared();
-                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+                break;
             }
         }
     }

@@ -72,8 +72,8 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
                                                    params.v_batch_stride),
                              typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
 
-    constexpr int smem_size = Traits::template kSmemSizeFor<kFeat>;
-    static_assert(smem_size <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
+    constexpr int smem_size_tile = Traits::template kSmemSizeFor<kFeat>;
+    static_assert(smem_size_tile <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
     // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, default off; plain
     // variant, kMayPersist): one CTA per SM walking the tiles, so that a tile's epilogue and the
     // next tile's first loads overlap (the producer runs ahead into the next tile's K / V while the
@@ -82,9 +82,13 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
     const bool persistent = kMayPersist && params.fwd_ws_persistent && num_tiles < (int64_t(1) << 31);
     auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false>;
+    int smem_size = smem_size_tile;
     if constexpr (kMayPersist) {
         static_assert(!kFeat);
-        if (persistent) { kernel = &flash_fwd_ws_kernel_sm90<Traits, false, true>; }
+        if (persistent) {
+            kernel = &flash_fwd_ws_kernel_sm90<Traits, false, true>;
+            smem_size = Traits::kSmemSizePersistent;  // + O's own staging buffer where it fits
+        }
     }
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
     dim3 grid(num_m_blocks, params.b, params.h);

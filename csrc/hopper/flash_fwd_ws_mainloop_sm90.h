@@ -180,14 +180,16 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
 // > 0, Traits::kDropoutTiles only), the dropout mask to every P tile ("Dropout in the pingpong"
 // below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
 // 4 x 128 x 16-byte flags area (each thread's keep flags of one 128-key Philox group).
-template <typename Traits, bool kFeat, typename TensorO, typename Softmax>
+// q_done(): called once this warpgroup's last S GEMM of the tile has completed (its last read of
+// Q; the persistent kernel releases Q there when O has its own staging buffer).
+template <typename Traits, bool kFeat, typename TensorO, typename Softmax, typename QDone>
 __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                            Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
                                            int n_block_max, int v_rows_valid, TensorO &acc_o, Softmax &softmax,
                                            FwdWsFeatures const &feat, uint4 *drop_flags,
                                            typename Traits::PipelineState &state_k, typename Traits::PipelineState &state_v,
-                                           int q_phase) {
+                                           int q_phase, QDone &&q_done) {
     using Element = typename Traits::Element;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
@@ -288,6 +290,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(state_k);
     ++state_k;
+    if (n_blocks == 1) { q_done(); }
     mask_tile(acc_s, n_block);
     softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
@@ -320,6 +323,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         warpgroup_fence_operand(acc_s_next);
         pipeline_k.consumer_release(state_k);
         ++state_k;
+        if (t == n_blocks - 1) { q_done(); }
         mask_tile(acc_s_next, n_block);
         auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
         // Measured (session 20): plain d128 / d256 forward +2-9%; the feature kernels 3-6% slower

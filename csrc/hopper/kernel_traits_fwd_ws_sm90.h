@@ -95,9 +95,23 @@ struct FwdWsTraitsSm90 {
         // arrives after its tile's epilogue has read the O staged in its Q tile); the producer
         // waits on it before loading the next tile's Q.
         alignas(8) uint64_t barrier_q_empty;
+        // Persistent kernel: the tile the producer loads Q for next (its linear index, -1 = no
+        // more tiles), written before it arrives on barrier_q and read by the consumers after
+        // their wait on it (the mbarrier's release / acquire order the two).
+        int tile_next;
     };
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
+
+    // Persistent kernel: O staged in its own buffer behind SharedStorage (one (64, d) tile per
+    // consumer warpgroup) where it fits (d64 152 + 24 KB, d128 160 + 32 KB; not d256, 192 + 64
+    // KB), so that each warpgroup releases Q right after its tile's last S GEMM and the producer
+    // loads the next tile's Q under that tile's last P V and epilogue. d256 stages O in Q and
+    // releases it after the epilogue.
+    static constexpr int kSmemOBytes = kNConsumerWG * cosize(SmemLayoutQTile{}) * int(sizeof(Element));
+    static constexpr int kSmemOOffset = (kSmemSize + 1023) / 1024 * 1024;
+    static constexpr bool kPersistentOwnO = kSmemOOffset + kSmemOBytes <= 227 * 1024;
+    static constexpr int kSmemSizePersistent = kPersistentOwnO ? kSmemOOffset + kSmemOBytes : kSmemSize;
 
     // Feature variant (kFeat) with dropout: dropout_sm90.h's generate / apply work on 64- or
     // 128-key tiles aligned to the 128-key Philox groups; other widths (176, 80) serve softcap /
