@@ -125,8 +125,9 @@ struct FwdParams : QKVParams {
     // CTA-schedule kernel instead of the sm_90a one (the default; FLASH_ATTN_DECODE_PAGED_CTA=0 off).
     bool decode_paged_cta;
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
-    // binding from FLASH_ATTN_FWD_WS_PERSISTENT).
-    bool fwd_ws_persistent;
+    // binding from FLASH_ATTN_FWD_WS_PERSISTENT): kFwdWsPersistentOff / On (wherever the kernel
+    // is compiled) / Auto (the default, fwd_ws_use_persistent below).
+    int fwd_ws_persistent;
     // Persistent forward with a dynamic tile order (causal, sliding window or varlen calls, whose
     // tiles differ in work): a zeroed int32 the CTAs draw their next tiles from with atomicAdd;
     // nullptr = the static order (tile blockIdx.x + k gridDim.x).
@@ -145,6 +146,16 @@ struct FwdParams : QKVParams {
 
 inline bool has_features(const FwdParams &p) {
     return p.softcap_scale > 0.f || p.alibi_slopes_ptr != nullptr || p.p_dropout > 0.f;
+}
+
+constexpr int kFwdWsPersistentOff = 0, kFwdWsPersistentOn = 1, kFwdWsPersistentAuto = 2;
+// The persistent WS forward (plain calls; compiled for head-dim tiles 64 and 128, all tiles in
+// FLASH_ATTN_AB_KERNELS=1 builds) where it was measured faster (H200, bf16, 16k tokens, session
+// 22): tiles 64 / 128 up to 8k keys, +11-23% at 512, +3-7% at 1-2k, +-1% at 4-8k; 0.98-0.99x at
+// 16k and at d256 (no room for O's own buffer there), which keep one CTA per tile.
+inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
+    if (p.fwd_ws_persistent == kFwdWsPersistentOn) return true;
+    return p.fwd_ws_persistent == kFwdWsPersistentAuto && head_dim_tile <= 128 && p.seqlen_k <= 8192;
 }
 
 // A window side that never masks anything (large, yet safe to add to row indices).

@@ -216,22 +216,25 @@ int bwd_sm80_variant() {
     return choice[0] - '0';
 }
 
-// FLASH_ATTN_FWD_WS_PERSISTENT=1 runs the plain warp-specialised forward as one CTA per SM walking
-// the tiles (read at each call, for A/B). Default off: its session-7 hang is fixed (session 10: the
-// consumers' V pipeline state was not advanced past a tile's last V slot) and it passes
-// scripts/check_fwd_ws_persistent.py on the H200 (session 11), but it is not faster there (0.62-1.07x
-// the one-tile kernel over the grid; docs/results/s11/x_check_fwd_ws_persistent.log). It and FA3's
-// tile shapes (FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80), both checked here, are
-// the WS forward's A/B-only kernels (flash::kBuildAbKernels).
-bool fwd_ws_persistent_enabled() {
-    const bool on = env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false);
-    require_ab_kernels(!on, "FLASH_ATTN_FWD_WS_PERSISTENT=1");
+// FLASH_ATTN_FWD_WS_PERSISTENT (read at each call): unset = the default, the persistent plain
+// warp-specialised forward (one CTA per SM walking the tiles) where flash::fwd_ws_use_persistent
+// says so (head-dim tiles 64 / 128 up to 8k keys); 1 = wherever it is compiled (tiles 64 / 128;
+// every tile in FLASH_ATTN_AB_KERNELS=1 builds); 0 = one CTA per tile. The persistent kernel hands
+// causal / window / varlen tiles out dynamically (set_tile_counter). FA3's tile shapes
+// (FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80) are A/B-only kernels
+// (flash::kBuildAbKernels).
+int fwd_ws_persistent_mode() {
+    const char *env = std::getenv("FLASH_ATTN_FWD_WS_PERSISTENT");
+    const int mode = env == nullptr || *env == '\0' ? flash::kFwdWsPersistentAuto
+                                                    : env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false)
+                                                          ? flash::kFwdWsPersistentOn
+                                                          : flash::kFwdWsPersistentOff;
     for (const auto &[name, alt] : {std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D128_N", "176"},
                                      std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"}}) {
         const char *env = std::getenv(name);
         require_ab_kernels(env == nullptr || std::string(env) != alt, std::string(name) + "=" + alt);
     }
-    return on;
+    return mode;
 }
 
 // The persistent forward's tile counter (flash.h: tile_count_ptr): a zeroed int32 for the calls
@@ -239,7 +242,11 @@ bool fwd_ws_persistent_enabled() {
 // walk the tiles in the static order. The tensor outlives the launch in the stream's order (the
 // caching allocator reuses it only for later work on this stream). Returned so the caller keeps it.
 at::Tensor set_tile_counter(flash::FwdParams &p, const at::Tensor &q, bool varlen) {
-    if (!p.fwd_ws_persistent || flash::has_features(p)) return at::Tensor();
+    const bool ws_tile = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256;
+    if (!p.use_sm90 || !p.fwd_ws || !ws_tile || !flash::fwd_ws_use_persistent(p, p.head_dim_tile) ||
+        flash::has_features(p)) {
+        return at::Tensor();
+    }
     const bool uneven = varlen || p.window_left < flash::kWindowUnbounded || p.window_right < flash::kWindowUnbounded;
     if (!uneven) return at::Tensor();
     at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
@@ -611,7 +618,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     params.fwd_ws = fwd_ws_enabled();
-    params.fwd_ws_persistent = fwd_ws_persistent_enabled();
+    params.fwd_ws_persistent = fwd_ws_persistent_mode();
     const at::Tensor tile_counter = set_tile_counter(params, q, /*varlen=*/false);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
@@ -863,7 +870,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     } else {
         params.total_k = static_cast<int>(k.size(0));
         params.fwd_ws = fwd_ws_enabled();
-        params.fwd_ws_persistent = fwd_ws_persistent_enabled();
+        params.fwd_ws_persistent = fwd_ws_persistent_mode();
         const at::Tensor tile_counter = set_tile_counter(params, q, /*varlen=*/true);
         found = flash::run_mha_fwd(params, stream);
     }

@@ -65,7 +65,7 @@ class Watchdog:
 
 
 def set_persistent(on):
-    os.environ[ENV] = "1" if on else "0"  # (unset = off, the default)
+    os.environ[ENV] = "1" if on else "0"  # (unset = the default: persistent for tiles 64 / 128 up to 8k keys)
 
 
 def both(call):

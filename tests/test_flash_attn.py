@@ -157,6 +157,48 @@ def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk, mon
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
+# The sm_90a forward's plain calls run the persistent warp-specialised kernel (one CTA per SM
+# walking the tiles; dynamic tile order for causal / window calls) for head-dim tiles 64 / 128 up
+# to 8k keys, one CTA per tile elsewhere (FLASH_ATTN_FWD_WS_PERSISTENT unset). Both forms do the
+# same per-tile math in the same order: out and lse must be bitwise equal, with the persistent
+# kernel forced (=1) and switched off (=0), over tile counts below and far above the SM count,
+# causal / window / GQA / seqlen_q != seqlen_k (tiles without work) shapes.
+FWD_PERSISTENT_CASES = [
+    # (dtype, d, b, sq, sk, h, hk, causal, window)
+    (torch.bfloat16, 64, 2, 1023, 1024, 8, 8, False, (-1, -1)),
+    (torch.float16, 64, 3, 777, 513, 6, 2, True, (-1, -1)),
+    (torch.bfloat16, 40, 16, 512, 512, 32, 32, True, (-1, -1)),
+    (torch.bfloat16, 128, 8, 1000, 1000, 16, 4, True, (-1, -1)),
+    (torch.float16, 128, 1, 900, 600, 4, 1, True, (100, 0)),
+    (torch.bfloat16, 128, 4, 300, 2000, 8, 8, False, (256, 64)),
+    (torch.bfloat16, 111, 2, 17, 9000, 4, 4, False, (-1, -1)),
+    (torch.bfloat16, 128, 1, 1, 1, 2, 2, True, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
+                         [pytest.param(*c, id=f"{DTYPE_NAMES[c[0]]}-d{c[1]}-b{c[2]}-{c[3]}x{c[4]}-h{c[5]}/{c[6]}"
+                                              f"{'-causal' if c[7] else ''}-w{c[8][0]},{c[8][1]}")
+                          for c in FWD_PERSISTENT_CASES])
+def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, monkeypatch):
+    require_config(dtype, d)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    res = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("FLASH_ATTN_FWD_WS_PERSISTENT", mode)
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+        res[mode] = (out, lse)
+    assert not torch.isnan(res["1"][0]).any()
+    assert torch.equal(res["1"][0], res["0"][0]), (res["1"][0] - res["0"][0]).abs().max().item()
+    assert torch.equal(res["1"][1], res["0"][1])
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
+    assert_close_to_ref("out", res["1"][0], out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(res["1"][1], lse_ref, sq, sk, causal, window)
+
+
 # The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles; the default
 # since session 14) and, in FLASH_ATTN_AB_KERNELS=1 builds, the 64-row one it replaced
 # (FLASH_ATTN_BWD_WS_M128=0). Odd and tile-boundary lengths, one-row and one-key shapes, GQA / MQA,

@@ -46,9 +46,8 @@ namespace fwd_ws_detail {
 inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
 inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
 
-// kMayPersist: also compile the persistent kernel (plain variant, default tiles only), run when
-// the binding sets params.fwd_ws_persistent (FLASH_ATTN_FWD_WS_PERSISTENT=1, default off until
-// the H200 has checked the session-10 fix of its V pipeline state).
+// kMayPersist: also compile the persistent kernel (plain variant, default tiles only), run where
+// fwd_ws_use_persistent (flash.h) says so.
 template <typename Traits, bool kFeat, bool kMayPersist = false>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
@@ -74,13 +73,13 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
     constexpr int smem_size_tile = Traits::template kSmemSizeFor<kFeat>;
     static_assert(smem_size_tile <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
-    // params.fwd_ws_persistent (the binding's FLASH_ATTN_FWD_WS_PERSISTENT, default off; plain
-    // variant, kMayPersist): one CTA per SM walking the tiles, so that a tile's epilogue and the
-    // next tile's first loads overlap (the producer runs ahead into the next tile's K / V while the
-    // consumers store O) and no CTA launch / prologue per tile.
+    // Persistent (kMayPersist, fwd_ws_use_persistent): one CTA per SM walking the tiles, so that
+    // a tile's epilogue and the next tile's Q / K / V loads overlap (the producer runs ahead into
+    // the next tile while the consumers finish and store O) and no CTA launch / prologue per tile.
     const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
     const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
-    const bool persistent = kMayPersist && params.fwd_ws_persistent && num_tiles < (int64_t(1) << 31);
+    const bool persistent =
+        kMayPersist && fwd_ws_use_persistent(params, Traits::kHeadDim) && num_tiles < (int64_t(1) << 31);
     auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false>;
     int smem_size = smem_size_tile;
     if constexpr (kMayPersist) {
@@ -148,8 +147,8 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         }
     }
     static_assert(!kFeat || Traits::kDropoutTiles);
-    fwd_ws_detail::launch<Traits, kFeat, /*kMayPersist=*/!kFeat && kBuildAbKernels>(params, stream, rows_q, batch_q,
-                                                                                   rows_k, batch_k);
+    constexpr bool kMayPersist = !kFeat && (kHeadDim <= 128 || kBuildAbKernels);
+    fwd_ws_detail::launch<Traits, kFeat, kMayPersist>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
 }
 
