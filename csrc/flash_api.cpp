@@ -239,19 +239,17 @@ int fwd_ws_persistent_mode() {
 
 // The persistent forward's tile counter (flash.h: tile_count_ptr): a zeroed int32 for the calls
 // whose tiles differ in work (causal, sliding window, varlen), drawn from dynamically; the others
-// walk the tiles in the static order. The tensor outlives the launch in the stream's order (the
-// caching allocator reuses it only for later work on this stream). Returned so the caller keeps it.
-at::Tensor set_tile_counter(flash::FwdParams &p, const at::Tensor &q, bool varlen) {
+// walk the tiles in the static order. It is element 2 of rng_buffer (zeroed int64 (3,), whose
+// first two elements are the returned rng_state), so it lives as long as rng_state does.
+void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool varlen) {
     const bool ws_tile = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256;
     if (!p.use_sm90 || !p.fwd_ws || !ws_tile || !flash::fwd_ws_use_persistent(p, p.head_dim_tile) ||
         flash::has_features(p)) {
-        return at::Tensor();
+        return;
     }
     const bool uneven = varlen || p.window_left < flash::kWindowUnbounded || p.window_right < flash::kWindowUnbounded;
-    if (!uneven) return at::Tensor();
-    at::Tensor counter = at::zeros({1}, q.options().dtype(at::kInt));
-    p.tile_count_ptr = counter.data_ptr<int>();
-    return counter;
+    if (!uneven) return;
+    p.tile_count_ptr = reinterpret_cast<int *>(rng_buffer.data_ptr<int64_t>() + 2);
 }
 
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
@@ -582,7 +580,7 @@ void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor
 }
 
 // Returns {out, softmax_lse, S_dmask, rng_state}. S_dmask is empty unless return_softmax (which needs
-// dropout); rng_state is (seed, offset) of the dropout mask, uninitialised without dropout (as upstream).
+// dropout); rng_state is (seed, offset) of the dropout mask, zeros without dropout.
 std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
                                 double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
                                 double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
@@ -596,10 +594,11 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
-    // Uninitialised without dropout, as upstream's: a zero fill would be one more kernel per call
-    // (~2 us, 1-2% of a short-sequence forward).
-    at::Tensor rng_state = p_dropout > 0.0 ? at::zeros({2}, q.options().dtype(at::kLong))
-                                           : at::empty({2}, q.options().dtype(at::kLong));
+    // Zeros without dropout (upstream leaves it uninitialised; zeros keep the op's outputs
+    // deterministic, which torch.library.opcheck checks). Element 2 of the same zero fill is the
+    // persistent forward's tile counter (set_tile_counter): one fill kernel per call, not two.
+    at::Tensor rng_buffer = at::zeros({3}, q.options().dtype(at::kLong));
+    at::Tensor rng_state = rng_buffer.narrow(0, 0, 2);
     // Testing only: entries of blocks the kernel skips (outside the mask) stay 0.
     at::Tensor s_dmask = return_softmax ? at::zeros({b, h, round_up(sq, 128), round_up(sk, 128)}, q.options())
                                         : at::empty({0}, q.options());
@@ -619,7 +618,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     params.fwd_ws = fwd_ws_enabled();
     params.fwd_ws_persistent = fwd_ws_persistent_mode();
-    const at::Tensor tile_counter = set_tile_counter(params, q, /*varlen=*/false);
+    set_tile_counter(params, rng_buffer, /*varlen=*/false);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -811,10 +810,11 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
-    // Uninitialised without dropout, as upstream's: a zero fill would be one more kernel per call
-    // (~2 us, 1-2% of a short-sequence forward).
-    at::Tensor rng_state = p_dropout > 0.0 ? at::zeros({2}, q.options().dtype(at::kLong))
-                                           : at::empty({2}, q.options().dtype(at::kLong));
+    // Zeros without dropout (upstream leaves it uninitialised; zeros keep the op's outputs
+    // deterministic, which torch.library.opcheck checks). Element 2 of the same zero fill is the
+    // persistent forward's tile counter (set_tile_counter): one fill kernel per call, not two.
+    at::Tensor rng_buffer = at::zeros({3}, q.options().dtype(at::kLong));
+    at::Tensor rng_state = rng_buffer.narrow(0, 0, 2);
     // Testing only: (b, h, round128(max_seqlen_q), round128(max_seqlen_k)); row i / column j of
     // sequence b's own block; entries the kernel skips stay 0.
     at::Tensor s_dmask = return_softmax
@@ -871,7 +871,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         params.total_k = static_cast<int>(k.size(0));
         params.fwd_ws = fwd_ws_enabled();
         params.fwd_ws_persistent = fwd_ws_persistent_mode();
-        const at::Tensor tile_counter = set_tile_counter(params, q, /*varlen=*/true);
+        set_tile_counter(params, rng_buffer, /*varlen=*/true);
         found = flash::run_mha_fwd(params, stream);
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);

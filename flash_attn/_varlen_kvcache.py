@@ -276,8 +276,8 @@ def _flash_attn_varlen_forward(
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
-    # rng_state: the Philox (seed, offset) of the dropout mask; uninitialised without dropout (as
-    # upstream). S_dmask (return_softmax): (batch, nheads, round128(max_seqlen_q), round128(max_seqlen_k)).
+    # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout. S_dmask
+    # (return_softmax): (batch, nheads, round128(max_seqlen_q), round128(max_seqlen_k)).
     out, softmax_lse, S_dmask, rng_state = _ext_for(q).varlen_fwd(
         q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr, softcap,

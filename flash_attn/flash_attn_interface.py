@@ -390,7 +390,7 @@ def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_s
     _check_return_softmax(return_softmax, dropout_p)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
-    # rng_state: the Philox (seed, offset) of the dropout mask; uninitialised without dropout (as upstream).
+    # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout.
     out, softmax_lse, S_dmask, rng_state = _ext_for(q).fwd(
         q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
         return_softmax

@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S22B bash scripts/validate_h200.sh # final: full build; suite; decode; varlen; llama
 #   PART=S22A bash scripts/validate_h200.sh # A/B build 64/128/256 bf16: persistent fwd (own O buffer, dynamic order): check, bench vs cuDNN, tests
 #   PART=S21I bash scripts/validate_h200.sh # d256 bf16: row prefetch in the split-d kernels vs HEAD~1 (two builds)
 #   PART=S21H bash scripts/validate_h200.sh # d64/256 bf16 build; ncu stall sources of the d256 and d64-dropout bwd
@@ -251,6 +252,14 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S22B)
+    # Session 22, final (after S20D's grid / features on the same kernels): full build; the suite;
+    # decode; varlen; llama.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=10 step decode 80 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py ;;
   S22A)
     # Session 22: the persistent WS forward with O in its own buffer (Q released after the tile's
     # last S GEMM) and the dynamic tile order for causal / window / varlen calls. A/B build, bf16,
