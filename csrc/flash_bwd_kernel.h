@@ -597,34 +597,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const _
 }
 
 // Every backward: softmax_d = rowsum(dO * O) (and dq_accum zeroed), the main kernel
-// (launch_main), dq conversion; the passes' lane groups sized by the head-dim tile.
-template <typename Element, int kLanes, typename LaunchMain>
+// (launch_main), dq conversion. kMaySwizzle: the launching kernel may set
+// params.dq_accum_swizzled (the warp-specialised ones), so the swizzled conversion is compiled too.
+template <typename Element, int kLanes, bool kMaySwizzle, typename LaunchMain>
 void launch_bwd_passes_lanes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
     constexpr int kRows = kPassThreads / kLanes;
     const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRows), params.b, params.h);
     flash_bwd_preprocess_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
     FLASH_CHECK_LAUNCH();
     launch_main();
-    if (params.dq_accum_swizzled) {
-        flash_bwd_convert_dq_kernel<Element, kLanes, true><<<grid_rows, kPassThreads, 0, stream>>>(params);
-    } else {
-        flash_bwd_convert_dq_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
+    if constexpr (kMaySwizzle) {
+        if (params.dq_accum_swizzled) {
+            flash_bwd_convert_dq_kernel<Element, kLanes, true><<<grid_rows, kPassThreads, 0, stream>>>(params);
+            FLASH_CHECK_LAUNCH();
+            return;
+        }
     }
+    if (params.dq_accum_swizzled) {  // never set for these kernels; a loud error rather than a wrong dq
+        record_launch_error(cudaErrorInvalidValue, "swizzled dq_accum from a kernel that never swizzles", __FILE__,
+                            __LINE__);
+        return;
+    }
+    flash_bwd_convert_dq_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
     FLASH_CHECK_LAUNCH();
 }
 
-template <typename Element, typename LaunchMain>
+// The passes' lane group per row: one 16-byte vector per lane over the launching kernel's
+// head-dim tile (32, 64, 96 / 128, 192 / 256: 4, 8, 16, 32 lanes; 96 and 192 leave a quarter
+// idle). Fixed at compile time by that kernel's tile, so that each translation unit compiles
+// one set of passes (the passes' loops are correct for any lane count: only their speed
+// depends on it), not all four.
+template <int kHeadDimTile>
+constexpr int kPassLanes = kHeadDimTile <= 32 ? 4 : kHeadDimTile <= 64 ? 8 : kHeadDimTile <= 128 ? 16 : 32;
+
+template <typename Element, int kHeadDimTile, bool kMaySwizzle = false, typename LaunchMain>
 void launch_bwd_passes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
-    // Tiles 32, 64, 96 / 128, 192 / 256: 4, 8, 16, 32 lanes (96 and 192 leave a quarter idle).
-    if (params.head_dim_tile <= 32) {
-        launch_bwd_passes_lanes<Element, 4>(params, stream, launch_main);
-    } else if (params.head_dim_tile <= 64) {
-        launch_bwd_passes_lanes<Element, 8>(params, stream, launch_main);
-    } else if (params.head_dim_tile <= 128) {
-        launch_bwd_passes_lanes<Element, 16>(params, stream, launch_main);
-    } else {
-        launch_bwd_passes_lanes<Element, 32>(params, stream, launch_main);
-    }
+    launch_bwd_passes_lanes<Element, kPassLanes<kHeadDimTile>, kMaySwizzle>(params, stream, launch_main);
 }
 
 }  // namespace flash

@@ -33,7 +33,7 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream);
 
 template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
-    launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
+    launch_bwd_passes<typename Traits::Element, Traits::kHeadDim>(params, stream, [&] {
         // kVariant & 2 (flash_bwd_kernel.h): one dO buffer instead of two.
         constexpr int smem_size = Traits::kSmemSize - ((kVariant & 2) != 0 ? Traits::kSmemQdOSize : 0);
         auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic, kVariant>;

@@ -16,7 +16,7 @@ constexpr bool kHasSm90Bwd = kHeadDim == 64 || kHeadDim == 128;
 
 template <typename Traits, bool kFeat>
 void launch_bwd_sm90(BwdParams &params, cudaStream_t stream) {
-    launch_bwd_passes<typename Traits::Element>(params, stream, [&] {
+    launch_bwd_passes<typename Traits::Element, Traits::kHeadDim>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
         auto kernel = &flash_bwd_kernel_sm90<Traits, kFeat>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));

@@ -73,7 +73,7 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_d_ptr, kp.shape_dsum),
                                 typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
 
-    launch_bwd_passes<Element>(params, stream, [&] {
+    launch_bwd_passes<Element, Traits::kHeadDim, /*kMaySwizzle=*/true>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
         auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
