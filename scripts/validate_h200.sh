@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S22C bash scripts/validate_h200.sh # full build; suite; grid ours vs cuDNN (s21-pass-lanes merged)
 #   PART=S22B bash scripts/validate_h200.sh # final: full build; suite; decode; varlen; llama
 #   PART=S22A bash scripts/validate_h200.sh # A/B build 64/128/256 bf16: persistent fwd (own O buffer, dynamic order): check, bench vs cuDNN, tests
 #   PART=S21I bash scripts/validate_h200.sh # d256 bf16: row prefetch in the split-d kernels vs HEAD~1 (two builds)
@@ -252,6 +253,11 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S22C)
+    # Session 22, with branch s21-pass-lanes merged: full build; the suite; the grid (backward).
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=56 step grid 120 $PY benchmarks/benchmark_attn.py --backends ours,cudnn --out /tmp/grid ;;
   S22B)
     # Session 22, final (after S20D's grid / features on the same kernels): full build; the suite;
     # decode; varlen; llama.
