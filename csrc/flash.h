@@ -162,10 +162,10 @@ inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
 constexpr int kWindowUnbounded = 1 << 29;
 // Kernels that exist only for A/B timing (measured slower than the defaults on the H200) are
 // compiled only with FLASH_ATTN_AB_KERNELS=1 at build time (setup.py defines the macro): the
-// persistent WS forward, the WS forward's FA3 tile shapes (176 / 80 keys), the redundant d256 WS
-// backward, the SM80-class d256 backward's variants 0 / 3 / 5 / 7, the d256 WS backward's float4 dQ
-// atomics and the split-KV kernel's S pipelining. The binding rejects their
-// run-time switches otherwise.
+// persistent WS forward at head-dim tile 256, the WS forward's FA3 tile shapes (176 / 80 keys),
+// the redundant d256 WS backward, the SM80-class d256 backward's variants 0 / 3 / 5 / 7, the d256
+// WS backward's float4 dQ atomics and the split-KV kernel's S pipelining. The binding rejects
+// their run-time switches otherwise.
 #ifdef FLASH_ATTN_AB_KERNELS
 constexpr bool kBuildAbKernels = true;
 #else
