@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     __syncthreads();  // barriers initialised before anyone waits on or arrives at them
 
     // Tile hand-out (persistent kernel): the producer thread picks the tiles, static (blockIdx.x,
-    // + gridDim.x, ...) or dynamic (params.tile_count_ptr: gridDim.x + atomicAdd, the next one
-    // drawn while the current one loads, so that a CTA that got short causal tiles takes more),
+    // + gridDim.x, ...) or dynamic (params.tile_count_ptr: gridDim.x + atomicAdd, so that a CTA
+    // that got short causal tiles takes more; the static order gave causal CTAs up to 3x each
+    // other's work, see docs/perf-notes.md),
     // and passes each to the consumers in ss.tile_next, written before its arrival on barrier_q;
     // -1 (after the last tile) ends the consumers' loop. Tiles past a varlen sequence's rows are
     // skipped by the producer alone.
@@ -98,6 +99,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr bool kOwnO = kPersistent && Traits::kPersistentOwnO;
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
+        // The persistent tile loop spilled 248 B at the producer's 24 registers (d128): 40 / 232
+        // there (0 spills; the 2-WG pool is 64512 = 128 x 40 + 256 x 232). The 3-WG split (d64)
+        // has no room to move: 40 B of producer spills, measured harmless.
         cutlass::arch::warpgroup_reg_dealloc<kPersistent && Traits::kNConsumerWG == 2 ? 40 : Traits::kProducerRegs>();
         if (threadIdx.x == 0) {
             cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
@@ -240,8 +244,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
             Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
             if constexpr (kPersistent) {
-                // The tile's coordinates again from ss-free state (t): fewer registers held across
-                // the main loop.
+                // The tile's coordinates again from t: fewer registers held across the main loop.
                 const BlockInfo binfo_epi(params, batch_of(t));
                 const Tile tile_epi = make_tile(t, binfo_epi);
                 fwd_ws_store<Traits>(params, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,

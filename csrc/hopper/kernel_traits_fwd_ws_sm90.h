@@ -91,9 +91,10 @@ struct FwdWsTraitsSm90 {
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
         alignas(8) uint64_t barrier_q;
-        // Persistent kernel: the consumers' "Q / O staging free" barrier (every consumer thread
-        // arrives after its tile's epilogue has read the O staged in its Q tile); the producer
-        // waits on it before loading the next tile's Q.
+        // Persistent kernel: the consumers' "Q free" barrier (every consumer thread arrives once
+        // per tile: after its last S GEMM where O has its own buffer, kPersistentOwnO, else after
+        // its epilogue has read the O staged in its Q tile); the producer waits on it before
+        // loading the next tile's Q.
         alignas(8) uint64_t barrier_q_empty;
         // Persistent kernel: the tile the producer loads Q for next (its linear index, -1 = no
         // more tiles), written before it arrives on barrier_q and read by the consumers after
