@@ -230,7 +230,8 @@ int fwd_ws_persistent_mode() {
                                                           ? flash::kFwdWsPersistentOn
                                                           : flash::kFwdWsPersistentOff;
     for (const auto &[name, alt] : {std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D128_N", "176"},
-                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"}}) {
+                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"},
+                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D64_M", "128"}}) {
         const char *env = std::getenv(name);
         require_ab_kernels(env == nullptr || std::string(env) != alt, std::string(name) + "=" + alt);
     }

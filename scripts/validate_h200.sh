@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S23A bash scripts/validate_h200.sh # d64 bf16 A/B build: d64 forward on 128-row tiles vs 192 (branch s22-d64-m128-fwd)
 #   PART=S22C bash scripts/validate_h200.sh # full build; suite; grid ours vs cuDNN (s21-pass-lanes merged)
 #   PART=S22B bash scripts/validate_h200.sh # final: full build; suite; decode; varlen; llama
 #   PART=S22A bash scripts/validate_h200.sh # A/B build 64/128/256 bf16: persistent fwd (own O buffer, dynamic order): check, bench vs cuDNN, tests
@@ -253,6 +254,15 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S23A)
+    # Prepared in session 22 (branch s22-d64-m128-fwd, not GPU-run): the d64 forward on 128 x 128
+    # tiles with 2 consumer warpgroups (FLASH_ATTN_FWD_WS_D64_M=128, A/B). d64 bf16 A/B build; its
+    # tests; the A/B against the default 192-row tiles (both persistent up to 8k); cuDNN context in
+    # check_fwd_ws_persistent's bench.
+    export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=64 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test_m128 120 $PY -m pytest tests/test_flash_attn.py -q -k "d64_m128 or persistent"
+    TAIL=12 step ab 150 $PY scripts/ws_tile_ab.py --d64-m-only ;;
   S22C)
     # Session 22, with branch s21-pass-lanes merged: full build; the suite; the grid (backward).
     build

@@ -199,6 +199,26 @@ def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causa
     assert_lse_close(res["1"][1], lse_ref, sq, sk, causal, window)
 
 
+# A/B only (FLASH_ATTN_AB_KERNELS=1 builds): the d64 forward on 128 x 128 tiles with 2 consumer
+# warpgroups (FLASH_ATTN_FWD_WS_D64_M=128) instead of 192 x 128 with 3.
+@pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
+                         [pytest.param(*c, id=f"d64_m128-{DTYPE_NAMES[c[0]]}-d{c[1]}-b{c[2]}-{c[3]}x{c[4]}-h{c[5]}/{c[6]}"
+                                              f"{'-causal' if c[7] else ''}-w{c[8][0]},{c[8][1]}")
+                          for c in FWD_PERSISTENT_CASES if c[1] <= 64])
+def test_flash_attn_forward_d64_m128_ab_only(dtype, d, b, sq, sk, h, hk, causal, window, monkeypatch):
+    require_config(dtype, d)
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", "128")
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(lse, lse_ref, sq, sk, causal, window)
+
+
 # The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles; the default
 # since session 14) and, in FLASH_ATTN_AB_KERNELS=1 builds, the 64-row one it replaced
 # (FLASH_ATTN_BWD_WS_M128=0). Odd and tile-boundary lengths, one-row and one-key shapes, GQA / MQA,
