@@ -128,6 +128,9 @@ struct FwdParams : QKVParams {
     // binding from FLASH_ATTN_FWD_WS_PERSISTENT): kFwdWsPersistentOff / On (wherever the kernel
     // is compiled) / Auto (the default, fwd_ws_use_persistent below).
     int fwd_ws_persistent;
+    // Warp-specialised forward at head-dim tile 64, plain calls: query rows per tile, 0 = auto
+    // (fwd_ws_d64_m128 below), 128 or 192 (set by the binding from FLASH_ATTN_FWD_WS_D64_M).
+    int fwd_ws_d64_rows;
     // Persistent forward with a dynamic tile order (causal, sliding window or varlen calls, whose
     // tiles differ in work): a zeroed int32 the CTAs draw their next tiles from with atomicAdd;
     // nullptr = the static order (tile blockIdx.x + k gridDim.x).
@@ -160,6 +163,16 @@ inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
 
 // A window side that never masks anything (large, yet safe to add to row indices).
 constexpr int kWindowUnbounded = 1 << 29;
+
+// The d64 WS forward on 128 x 128 tiles with 2 consumer warpgroups instead of 192 x 128 with 3:
+// causal calls with at most 1024 queries and keys (varlen: the longest sequence), whose 192-row
+// tiles are mostly diagonal (masked) work. H200, bf16, 16k tokens (session 23): causal +9% at 512,
+// +11% at 1k, -4% at 2k; without the causal mask -2% at 512, -5% at 1k.
+inline bool fwd_ws_d64_m128(const FwdParams &p) {
+    if (p.fwd_ws_d64_rows != 0) return p.fwd_ws_d64_rows == 128;
+    return p.window_right == 0 && p.window_left >= kWindowUnbounded && p.seqlen_q <= 1024 && p.seqlen_k <= 1024;
+}
+
 // Kernels that exist only for A/B timing (measured slower than the defaults on the H200) are
 // compiled only with FLASH_ATTN_AB_KERNELS=1 at build time (setup.py defines the macro): the
 // persistent WS forward at head-dim tile 256, the WS forward's FA3 tile shapes (176 / 80 keys),

@@ -230,12 +230,23 @@ int fwd_ws_persistent_mode() {
                                                           ? flash::kFwdWsPersistentOn
                                                           : flash::kFwdWsPersistentOff;
     for (const auto &[name, alt] : {std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D128_N", "176"},
-                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"},
-                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D64_M", "128"}}) {
+                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"}}) {
         const char *env = std::getenv(name);
         require_ab_kernels(env == nullptr || std::string(env) != alt, std::string(name) + "=" + alt);
     }
     return mode;
+}
+
+// FLASH_ATTN_FWD_WS_D64_M (read at each call): query rows per tile of the d64 warp-specialised
+// forward's plain calls; unset = flash::fwd_ws_d64_m128's choice (128 for short causal calls, 192
+// otherwise), 128 or 192 = always that.
+int fwd_ws_d64_rows_mode() {
+    const char *env = std::getenv("FLASH_ATTN_FWD_WS_D64_M");
+    if (env == nullptr || env[0] == '\0') return 0;
+    const std::string choice(env);
+    FLASH_CHECK(choice == "128" || choice == "192", "flash_attn: FLASH_ATTN_FWD_WS_D64_M must be '128' or '192', got '",
+                choice, "'");
+    return std::stoi(choice);
 }
 
 // The persistent forward's tile counter (flash.h: tile_count_ptr): a zeroed int32 for the calls
@@ -619,6 +630,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     params.fwd_ws = fwd_ws_enabled();
     params.fwd_ws_persistent = fwd_ws_persistent_mode();
+    params.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
     set_tile_counter(params, rng_buffer, /*varlen=*/false);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
@@ -872,6 +884,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         params.total_k = static_cast<int>(k.size(0));
         params.fwd_ws = fwd_ws_enabled();
         params.fwd_ws_persistent = fwd_ws_persistent_mode();
+        params.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
         set_tile_counter(params, rng_buffer, /*varlen=*/true);
         found = flash::run_mha_fwd(params, stream);
     }

@@ -3,7 +3,7 @@
 the warp-specialised forward's d128 key tile (FLASH_ATTN_FWD_WS_D128_N unset = 128, the default
 since session 5, or FA3's 176) and d256 key tile (FLASH_ATTN_FWD_WS_D256_N unset = 64, or FA3's
 80), the persistent forward (FLASH_ATTN_FWD_WS_PERSISTENT=1), the d64 forward on 128-row tiles
-(FLASH_ATTN_FWD_WS_D64_M=128, `--d64-m-only`), and the cost of the deterministic
+(FLASH_ATTN_FWD_WS_D64_M=192 or 128, `--d64-m-only`; in every build), and the cost of the deterministic
 backward (causal and not) next to the default one.
 
     python scripts/ws_tile_ab.py [--fwd-only]
@@ -64,7 +64,7 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(), torch.__version__)
     import sys
     if "--d64-m-only" in sys.argv:  # session 22's prepared A/B: d64 on 128-row tiles (2 consumer WGs)
-        fwd_ab(64, "FLASH_ATTN_FWD_WS_D64_M", [None, "128"], seqlens=(512, 1024, 2048, 4096, 8192))
+        fwd_ab(64, "FLASH_ATTN_FWD_WS_D64_M", ["192", "128"], seqlens=(512, 1024, 2048, 4096, 8192))
         sys.exit(0)
     fwd_ab(128, "FLASH_ATTN_FWD_WS_D128_N", [None, "176"])
     fwd_ab(256, "FLASH_ATTN_FWD_WS_D256_N", [None, "80"])

@@ -199,16 +199,30 @@ def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causa
     assert_lse_close(res["1"][1], lse_ref, sq, sk, causal, window)
 
 
-# A/B only (FLASH_ATTN_AB_KERNELS=1 builds): the d64 forward on 128 x 128 tiles with 2 consumer
-# warpgroups (FLASH_ATTN_FWD_WS_D64_M=128) instead of 192 x 128 with 3.
+# The d64 warp-specialised forward's two tile shapes, each forced (FLASH_ATTN_FWD_WS_D64_M):
+# 128 x 128 with 2 consumer warpgroups (the default for causal calls up to 1024 queries and keys)
+# and FA3's 192 x 128 with 3 (the default otherwise). Odd lengths, one-row shapes, sq != sk, GQA /
+# MQA, windows, head dims below the tile.
+D64_TILE_CASES = [
+    # (dtype, d, b, sq, sk, h, hk, causal, window)
+    (torch.bfloat16, 64, 2, 1023, 1024, 8, 8, False, (-1, -1)),
+    (torch.float16, 64, 3, 777, 513, 6, 2, True, (-1, -1)),
+    (torch.bfloat16, 40, 16, 512, 512, 32, 32, True, (-1, -1)),
+    (torch.bfloat16, 64, 4, 113, 113, 4, 1, True, (-1, -1)),
+    (torch.float16, 64, 2, 1, 17, 4, 4, True, (-1, -1)),
+    (torch.bfloat16, 56, 1, 1000, 2000, 4, 2, True, (100, 0)),
+    (torch.bfloat16, 64, 2, 300, 301, 2, 2, False, (64, 32)),
+]
+
+
+@pytest.mark.parametrize("rows", ["128", "192"])
 @pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
-                         [pytest.param(*c, id=f"d64_m128-{DTYPE_NAMES[c[0]]}-d{c[1]}-b{c[2]}-{c[3]}x{c[4]}-h{c[5]}/{c[6]}"
+                         [pytest.param(*c, id=f"{DTYPE_NAMES[c[0]]}-d{c[1]}-b{c[2]}-{c[3]}x{c[4]}-h{c[5]}/{c[6]}"
                                               f"{'-causal' if c[7] else ''}-w{c[8][0]},{c[8][1]}")
-                          for c in FWD_PERSISTENT_CASES if c[1] <= 64])
-def test_flash_attn_forward_d64_m128_ab_only(dtype, d, b, sq, sk, h, hk, causal, window, monkeypatch):
+                          for c in D64_TILE_CASES])
+def test_flash_attn_forward_d64_tile_rows(dtype, d, b, sq, sk, h, hk, causal, window, rows, monkeypatch):
     require_config(dtype, d)
-    require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", "128")
+    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", rows)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
     v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
@@ -217,6 +231,14 @@ def test_flash_attn_forward_d64_m128_ab_only(dtype, d, b, sq, sk, h, hk, causal,
     out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
     assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
     assert_lse_close(lse, lse_ref, sq, sk, causal, window)
+
+
+def test_flash_attn_forward_d64_tile_rows_rejects_unknown(monkeypatch):
+    require_config(torch.bfloat16, 64)
+    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", "64")
+    q = torch.randn(1, 33, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_FWD_WS_D64_M"):
+        flash_attn_func(q, q, q)
 
 
 # The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles; the default

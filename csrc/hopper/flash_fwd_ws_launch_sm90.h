@@ -146,13 +146,11 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
             return true;
         }
     }
-    // A/B only (FLASH_ATTN_FWD_WS_D64_M=128, read at each call; plain calls): d64 on 128 x 128 tiles
-    // with 2 consumer warpgroups instead of FA3's 192 x 128 with 3. At seqlen 512 causal the 192-row
-    // tiles mask most of their work (512 = 2.67 x 192; 9 key-tile iterations x 192 rows against
-    // 10 x 128), where cuDNN leads by 1.28x; the 2-warpgroup pingpong hides less of the d64 softmax.
-    if constexpr (kBuildAbKernels && kHeadDim == 64 && !kFeat) {
-        const char *env = std::getenv("FLASH_ATTN_FWD_WS_D64_M");
-        if (env != nullptr && std::strcmp(env, "128") == 0) {
+    // d64 plain calls on 128 x 128 tiles with 2 consumer warpgroups instead of FA3's 192 x 128 with
+    // 3 where flash::fwd_ws_d64_m128 says so (short causal calls, whose 192-row tiles are mostly
+    // masked work: 512 = 2.67 x 192), or FLASH_ATTN_FWD_WS_D64_M=128 asks for it.
+    if constexpr (kHeadDim == 64 && !kFeat) {
+        if (fwd_ws_d64_m128(params)) {
             fwd_ws_detail::launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, false, true>(params, stream, rows_q, batch_q,
                                                                                      rows_k, batch_k);
             return true;
