@@ -171,6 +171,58 @@ def bench_backward_variants(variants, head_dims=(64, 128)):
                   "  ".join(f"{t} {ms:7.3f} ({ms / base:.3f}x)" for t, ms in row), flush=True)
 
 
+def bench_forward_cells(tag, head_dims=(64, 128), seqlens=(512, 1024, 2048, 4096, 8192, 16384), features=False):
+    """Forward TFLOP/s of the grid's cells (bf16, 16k tokens, hidden 2048, causal off / on), one
+    parseable line per cell: `FWD <tag> d<D> <full|causal> s<S> <TFLOP/s>`; with `features`, also
+    the 8k non-causal forward with dropout 0.1, ALiBi and softcap 30 (modes `dropout`, `alibi`,
+    `softcap`). For A/B runs that swap the extension's .so between processes (compile-time
+    changes): see fwd_so_ab_table."""
+    import torch
+    from triton.testing import do_bench
+
+    from flash_attn import flash_attn_func
+
+    def cell(d, mode, s, **kwargs):
+        h, b = 2048 // d, 16384 // s
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        if mode == "alibi":
+            kwargs["alibi_slopes"] = torch.rand(h, device="cuda", dtype=torch.float32) * 0.3
+        ms = do_bench(lambda: flash_attn_func(q, k, v, **kwargs), warmup=25, rep=100)
+        tf = 4 * b * h * s * s * d / (2 if kwargs.get("causal") else 1) / ms * 1e-9
+        print(f"FWD {tag} d{d} {mode} s{s} {tf:.1f}", flush=True)
+
+    for d in head_dims:
+        for causal in (False, True):
+            for s in seqlens:
+                cell(d, "causal" if causal else "full", s, causal=causal)
+        if features:
+            cell(d, "dropout", 8192, dropout_p=0.1)
+            cell(d, "alibi", 8192)
+            cell(d, "softcap", 8192, softcap=30.0)
+
+
+def fwd_so_ab_table(lines, base="old"):
+    """Median TFLOP/s per tag and cell from bench_forward_cells lines (several rounds), and each
+    tag's ratio to `base`, as one text table."""
+    import statistics
+    cells = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 6 and parts[0] == "FWD":
+            _, tag, d, mode, s, tf = parts
+            cells.setdefault((d, mode), {}).setdefault(s, {}).setdefault(tag, []).append(float(tf))
+    out = []
+    for (d, mode), by_s in cells.items():
+        row = []
+        for s, by_tag in by_s.items():
+            med = {t: statistics.median(v) for t, v in by_tag.items()}
+            b = med.get(base)
+            row.append(f"{s}: " + " ".join(f"{t} {m:.0f}" + (f" ({m / b:.3f}x)" if b and t != base else "")
+                                           for t, m in med.items()))
+        out.append(f"{d} {mode:<6} " + "  ".join(row))
+    return "\n".join(out)
+
+
 def check_main(script, cases, run_case, bench, default_timeout, label_width=60, add_args=None):
     """Runs `run_case(i)` (with --case i), or every case in its own process and then `bench(args)`
     unless a case failed; returns the exit status."""

@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S23C bash scripts/validate_h200.sh # bf16 d64/128/256: d64 m128 default + O rescale before P V; suite; two-.so A/B vs main's mainloop
 #   PART=S23A bash scripts/validate_h200.sh # d64 bf16 A/B build: d64 forward on 128-row tiles vs 192 (branch s22-d64-m128-fwd)
 #   PART=S22C bash scripts/validate_h200.sh # full build; suite; grid ours vs cuDNN (s21-pass-lanes merged)
 #   PART=S22B bash scripts/validate_h200.sh # final: full build; suite; decode; varlen; llama
@@ -254,6 +255,24 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S23C)
+    # Session 23: the d64 128-row tiles as the default for short causal calls, and O's rescale
+    # placed before the next P V issue (kRescaleOBeforePV, every head dim). bf16 d64 / 128 / 256
+    # build; the suite; the m128 A/B (both shapes forced); then main's mainloop and traits
+    # (.ab/old_fwd2, carried) rebuilt for a two-.so A/B, plain grid cells and feature forwards.
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/new.so
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=12 step ab_m128 60 $PY scripts/ws_tile_ab.py --d64-m-only
+    mkdir -p /tmp/new_fwd; for f in .ab/old_fwd2/*.h; do b=$(basename $f); cp csrc/hopper/$b /tmp/new_fwd/; cp $f csrc/hopper/$b; done
+    TAIL=1 step rebuild_old 200 $PY -m pip install --no-build-isolation --no-deps -e .
+    cp "$so" /tmp/old.so; cp /tmp/new_fwd/*.h csrc/hopper/
+    for r in 1 2; do for v in old new; do cp /tmp/$v.so "$so"
+      timeout 90 $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import bench_forward_cells as b; b('$v', head_dims=(64, 128, 256), features=True)" 2>&1 | grep FWD
+    done; done > "$OUT/ab_rescale_raw.log"
+    cp /tmp/new.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_rescale_raw.log')))" | tee "$OUT/ab_rescale.log" ;;
   S23A)
     # Prepared in session 22 (branch s22-d64-m128-fwd, not GPU-run): the d64 forward on 128 x 128
     # tiles with 2 consumer warpgroups (FLASH_ATTN_FWD_WS_D64_M=128, A/B). d64 bf16 A/B build; its

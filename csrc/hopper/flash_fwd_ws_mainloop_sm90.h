@@ -292,7 +292,10 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     ++state_k;
     if (n_blocks == 1) { q_done(); }
     mask_tile(acc_s, n_block);
-    softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
+    // rescale: O's factor for the latest S tile's row maxima (all 1 after the first tile), applied
+    // either right after that tile's P V has completed or, with Traits::kRescaleOBeforePV, just
+    // before the next P V is issued, under the S GEMM then in flight.
+    auto rescale = softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
     {
         Tensor converted = convert_type<Element>(acc_s);
@@ -314,6 +317,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         pipeline_k.consumer_wait(state_k);
         fwd_ws_sched_sync(wg);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s_next);
+        if constexpr (Traits::kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
         pipeline_v.consumer_wait(state_v);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
@@ -325,7 +329,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         ++state_k;
         if (t == n_blocks - 1) { q_done(); }
         mask_tile(acc_s_next, n_block);
-        auto rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
+        rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
         // Measured (session 20): plain d128 / d256 forward +2-9%; the feature kernels 3-6% slower
         // and the plain d64 one 0-4% slower (MUFU-bound there), so only the plain d >= 128 kernels.
         if constexpr (!kFeat && Traits::kHeadDim >= 128) {
@@ -335,13 +339,14 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         warpgroup_fence_operand(acc_o);
         pipeline_v.consumer_release(state_v);
         ++state_v;
-        softmax.rescale_o(acc_o, rescale);
+        if constexpr (!Traits::kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
         apply_dropout(rP, n_block);
     }
 
     // Last P V (outside the pingpong turns).
+    if constexpr (Traits::kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
     pipeline_v.consumer_wait(state_v);
     if (n_blocks == 1 && v_rows_valid < kBlockN) { zero_v_tail(state_v.index()); }
     {

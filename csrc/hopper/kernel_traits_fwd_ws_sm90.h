@@ -45,6 +45,10 @@ struct FwdWsTraitsSm90 {
     static constexpr int kProducerRegs = kNConsumerWG == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kNConsumerWG == 2 ? 240 : 160;
     static_assert(kBlockN % 16 == 0 && kHeadDim % 64 == 0);
+    // O's online-softmax rescale placed just before the next P V is issued, where the S GEMM
+    // issued right before it covers it (FA3's RescaleOBeforeGemm, which it uses above d128),
+    // instead of after the P V wait, on the path from one pingpong turn to the next.
+    static constexpr bool kRescaleOBeforePV = true;
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
