@@ -195,6 +195,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
     constexpr bool kDropout = kFeat && Traits::kDropoutTiles;
     const bool is_dropout = kDropout && params.p_dropout > 0.f;  // a kernel parameter: no register
+    constexpr bool kRescaleOBeforePV = Traits::kRescaleOBeforePV && !kFeat;
 
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
@@ -293,7 +294,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     if (n_blocks == 1) { q_done(); }
     mask_tile(acc_s, n_block);
     // rescale: O's factor for the latest S tile's row maxima (all 1 after the first tile), applied
-    // either right after that tile's P V has completed or, with Traits::kRescaleOBeforePV, just
+    // either right after that tile's P V has completed or, with kRescaleOBeforePV, just
     // before the next P V is issued, under the S GEMM then in flight.
     auto rescale = softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
@@ -317,7 +318,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         pipeline_k.consumer_wait(state_k);
         fwd_ws_sched_sync(wg);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s_next);
-        if constexpr (Traits::kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
+        if constexpr (kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
         pipeline_v.consumer_wait(state_v);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
@@ -339,14 +340,14 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         warpgroup_fence_operand(acc_o);
         pipeline_v.consumer_release(state_v);
         ++state_v;
-        if constexpr (!Traits::kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
+        if constexpr (!kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
         apply_dropout(rP, n_block);
     }
 
     // Last P V (outside the pingpong turns).
-    if constexpr (Traits::kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
+    if constexpr (kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
     pipeline_v.consumer_wait(state_v);
     if (n_blocks == 1 && v_rows_valid < kBlockN) { zero_v_tail(state_v.index()); }
     {

@@ -47,8 +47,11 @@ struct FwdWsTraitsSm90 {
     static_assert(kBlockN % 16 == 0 && kHeadDim % 64 == 0);
     // O's online-softmax rescale placed just before the next P V is issued, where the S GEMM
     // issued right before it covers it (FA3's RescaleOBeforeGemm, which it uses above d128),
-    // instead of after the P V wait, on the path from one pingpong turn to the next.
-    static constexpr bool kRescaleOBeforePV = true;
+    // instead of after the P V wait, on the path from one pingpong turn to the next. Measured
+    // (session 23, bf16 16k tokens, two-build A/B): d256 plain +0-2% (10 of 12 cells), d64 and
+    // d128 1-2.5% slower, the feature kernels mixed (d256 dropout -4%, ALiBi +2%): plain d256 only
+    // (the mainloop's kFeat keeps the feature kernels on the other placement).
+    static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
