@@ -43,6 +43,8 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S23D bash scripts/validate_h200.sh # final: full build; suite; grid vs SDPA flash / cuDNN / efficient
+#   PART=S23E bash scripts/validate_h200.sh # final, after S23D on the same machine: features; decode; varlen; llama
 #   PART=S23C bash scripts/validate_h200.sh # bf16 d64/128/256: d64 m128 default + O rescale before P V; suite; two-.so A/B vs main's mainloop
 #   PART=S23A bash scripts/validate_h200.sh # d64 bf16 A/B build: d64 forward on 128-row tiles vs 192 (branch s22-d64-m128-fwd)
 #   PART=S22C bash scripts/validate_h200.sh # full build; suite; grid ours vs cuDNN (s21-pass-lanes merged)
@@ -255,6 +257,21 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S23D)
+    # Session 23, final: full build; the suite; the grid against SDPA's flash / cuDNN / efficient.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=56 step grid 220 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
+    cp /tmp/grid/*.csv "$OUT/" 2>/dev/null ;;
+  S23E)
+    # Session 23, final, after S23D (the same machine keeps the build; a cold one builds again):
+    # feature costs; decode; varlen; llama.
+    built || build
+    TAIL=32 step features 80 $PY benchmarks/benchmark_attn.py --features --headdims 64,128,256 --out /tmp/feat
+    TAIL=10 step decode 80 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec
+    TAIL=8 step varlen 40 $PY benchmarks/benchmark_attn.py --varlen --out /tmp/vl
+    TAIL=2 step llama 45 $PY scripts/llama_flash_attention_2.py
+    cp /tmp/feat/*.csv /tmp/dec/*.csv /tmp/vl/*.csv "$OUT/" 2>/dev/null ;;
   S23C)
     # Session 23: the d64 128-row tiles as the default for short causal calls, and O's rescale
     # placed before the next P V issue (kRescaleOBeforePV, every head dim). bf16 d64 / 128 / 256
