@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S23F bash scripts/validate_h200.sh # final code (d64 m128 for narrow windows too): full build; suite; window A/B
 #   PART=S23D bash scripts/validate_h200.sh # final: full build; suite; grid vs SDPA flash / cuDNN / efficient
 #   PART=S23E bash scripts/validate_h200.sh # final, after S23D on the same machine: features; decode; varlen; llama
 #   PART=S23C bash scripts/validate_h200.sh # bf16 d64/128/256: d64 m128 default + O rescale before P V; suite; two-.so A/B vs main's mainloop
@@ -257,6 +258,12 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S23F)
+    # Session 23, the last heuristic change (d64 128-row tiles for windows of <= 513 keys too):
+    # full build; the suite; the window / causal A/B (forced 192 / 128).
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=12 step d64_m128_window_ab 40 $PY scripts/d64_m128_window_ab.py ;;
   S23D)
     # Session 23, final: full build; the suite; the grid against SDPA's flash / cuDNN / efficient.
     build
