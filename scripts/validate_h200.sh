@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S24A bash scripts/validate_h200.sh # d64/128 bf16 A/B build; ncu ours vs cuDNN forward at 512 (d64 causal, d128) and d128 8k (128 vs 176 keys)
 #   PART=S23F bash scripts/validate_h200.sh # final code (d64 m128 for narrow windows too): full build; suite; window A/B
 #   PART=S23D bash scripts/validate_h200.sh # final: full build; suite; grid vs SDPA flash / cuDNN / efficient
 #   PART=S23E bash scripts/validate_h200.sh # final, after S23D on the same machine: features; decode; varlen; llama
@@ -258,6 +259,17 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S24A)
+    # Prepared in session 23 (not GPU-run): where the short-sequence forward's time goes, ours
+    # against cuDNN (d64 causal 512: 0.81x; d128 512: 0.92x), and why FA3's 176-key d128 tiles run
+    # 20-25% slower in our kernel (d128 8k: 621 vs FA3 679). d64 / d128 bf16 A/B build; ncu of
+    # every kernel of one forward call per case.
+    export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=40 step ncu_fwd_short 240 env CASES="64 512 1;128 512 0" bash scripts/ncu_fwd_compare.sh
+    TAIL=40 step ncu_fwd_d128 150 env CASES="128 8192 0" bash scripts/ncu_fwd_compare.sh
+    TAIL=40 step ncu_fwd_d128_n176 80 env FLASH_ATTN_FWD_WS_D128_N=176 BACKENDS=ours CASES="128 8192 0" \
+      bash scripts/ncu_fwd_compare.sh ;;
   S23F)
     # Session 23, the last heuristic change (d64 128-row tiles for windows of <= 513 keys too):
     # full build; the suite; the window / causal A/B (forced 192 / 128).
