@@ -153,6 +153,14 @@ def _extensions():
         "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
         "-DNDEBUG", *gencode, *[d for d in defines if d in ("-DFLASH_ATTN_SM90A", "-DFLASH_ATTN_AB_KERNELS")],
     ]
+    if "-DFLASH_ATTN_AB_KERNELS" in defines:
+        # Every wgmma N (8..256 in steps of 8) for CuTe's GMMA op selectors, as FA3 builds. Without
+        # it a tile N outside the basic set (176, 80, ...) becomes a chain of 64x16 (or 64x8)
+        # instructions: 11 HGMMA.64x16x16 per K step for a 176-key S tile (found in session 23;
+        # why FA3's d128 / d256 key tiles, A/B-only kernels, measured 20-25% slower here). The
+        # default tiles' N values are all in the basic set (their SASS is identical with it), so
+        # the default build leaves out its 3.4 MB of extra headers.
+        nvcc_flags.append("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED")
     if os.environ.get("FLASH_ATTN_PTXAS_VERBOSE", "0") == "1":
         nvcc_flags += ["-Xptxas=-v"]
     ext = CUDAExtension(

@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S24B bash scripts/validate_h200.sh # d128/256 bf16 A/B build: FA3's key tiles (176 / 80) as single wgmmas (extended MMA shapes): tests, A/B
 #   PART=S24A bash scripts/validate_h200.sh # d64/128 bf16 A/B build; ncu ours vs cuDNN forward at 512 (d64 causal, d128) and d128 8k (128 vs 176 keys)
 #   PART=S23F bash scripts/validate_h200.sh # final code (d64 m128 for narrow windows too): full build; suite; window A/B
 #   PART=S23D bash scripts/validate_h200.sh # final: full build; suite; grid vs SDPA flash / cuDNN / efficient
@@ -259,6 +260,17 @@ case ${PART:-A} in
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=8 step bwd_pass_times 40 $PY scripts/bwd_pass_times.py
     TAIL=24 step grid 60 $PY benchmarks/benchmark_attn.py --backends ours --causal 0 --skip-memory --out /tmp/grid ;;
+  S24B)
+    # Prepared in session 23 (not GPU-run): FA3's key tiles (d128 128 x 176, d256 128 x 80) now
+    # compile to single HGMMA.64x176x16 / 64x80x16 instructions (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+    # in setup.py; before, 11 / 5 HGMMA.64x16x16 per K step: the 20-25% of sessions 5 and 20).
+    # d128 / d256 bf16 A/B build; their tests; the forward tests with each forced; the A/B.
+    export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test_alt 60 $PY -m pytest tests/test_flash_attn.py -q -k alt_key_tiles
+    TAIL=3 step test_fwd_176 100 env FLASH_ATTN_FWD_WS_D128_N=176 FLASH_ATTN_FWD_WS_D256_N=80 $PY -m pytest \
+      tests/test_flash_attn.py tests/test_flash_attn_features.py -q -x -k "not bwd and not backward and not grad"
+    TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
   S24A)
     # Prepared in session 23 (not GPU-run): where the short-sequence forward's time goes, ours
     # against cuDNN (d64 causal 512: 0.81x; d128 512: 0.92x), and why FA3's 176-key d128 tiles run

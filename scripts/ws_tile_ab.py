@@ -6,7 +6,7 @@ since session 5, or FA3's 176) and d256 key tile (FLASH_ATTN_FWD_WS_D256_N unset
 (FLASH_ATTN_FWD_WS_D64_M=192 or 128, `--d64-m-only`; in every build), and the cost of the deterministic
 backward (causal and not) next to the default one.
 
-    python scripts/ws_tile_ab.py [--fwd-only]
+    python scripts/ws_tile_ab.py [--fwd-only | --d64-m-only | --ext-tiles]
 
 Needs a build with FLASH_ATTN_AB_KERNELS=1 (these are A/B-only kernels; other builds reject the
 switches).
@@ -65,6 +65,14 @@ if __name__ == "__main__":
     import sys
     if "--d64-m-only" in sys.argv:  # session 22's prepared A/B: d64 on 128-row tiles (2 consumer WGs)
         fwd_ab(64, "FLASH_ATTN_FWD_WS_D64_M", ["192", "128"], seqlens=(512, 1024, 2048, 4096, 8192))
+        sys.exit(0)
+    if "--ext-tiles" in sys.argv:  # session 23's prepared A/B: FA3's key tiles as single wgmmas
+        for env_p in (None, "0"):  # the default (persistent up to 8k keys at d128), then one CTA per tile
+            if env_p is not None:
+                os.environ["FLASH_ATTN_FWD_WS_PERSISTENT"] = env_p
+                print("FLASH_ATTN_FWD_WS_PERSISTENT=0 (the 176 / 80 tiles run one CTA per tile)")
+            fwd_ab(128, "FLASH_ATTN_FWD_WS_D128_N", [None, "176"], seqlens=(1024, 2048, 4096, 8192, 16384))
+            fwd_ab(256, "FLASH_ATTN_FWD_WS_D256_N", [None, "80"], seqlens=(1024, 2048, 4096, 8192, 16384))
         sys.exit(0)
     fwd_ab(128, "FLASH_ATTN_FWD_WS_D128_N", [None, "176"])
     fwd_ab(256, "FLASH_ATTN_FWD_WS_D256_N", [None, "80"])

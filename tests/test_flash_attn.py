@@ -240,6 +240,43 @@ def test_flash_attn_forward_d64_tile_rows_rejects_unknown(monkeypatch):
         flash_attn_func(q, q, q)
 
 
+# A/B only (FLASH_ATTN_AB_KERNELS=1 builds): FA3's key tiles, d128 128 x 176
+# (FLASH_ATTN_FWD_WS_D128_N=176) and d256 128 x 80 (FLASH_ATTN_FWD_WS_D256_N=80), which serve the
+# calls without a window or dropout (softcap / ALiBi included). Key counts that leave partial
+# 176 / 80-key tiles, one-row shapes, GQA, head dims below the tile.
+ALT_KEY_TILE_CASES = [
+    # (dtype, d, b, sq, sk, h, hk, softcap, alibi)
+    (torch.bfloat16, 128, 2, 1023, 1024, 8, 8, 0.0, False),
+    (torch.float16, 128, 3, 113, 177, 6, 2, 0.0, False),
+    (torch.bfloat16, 112, 1, 1, 353, 4, 1, 0.0, False),
+    (torch.bfloat16, 128, 2, 300, 700, 4, 4, 30.0, False),
+    (torch.bfloat16, 128, 2, 300, 700, 4, 2, 0.0, True),
+    (torch.bfloat16, 256, 2, 1023, 1024, 4, 4, 0.0, False),
+    (torch.float16, 256, 1, 17, 81, 4, 2, 0.0, False),
+    (torch.bfloat16, 200, 2, 300, 719, 4, 4, 30.0, True),
+]
+
+
+@pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, softcap, alibi",
+                         [pytest.param(*c, id=f"{DTYPE_NAMES[c[0]]}-d{c[1]}-b{c[2]}-{c[3]}x{c[4]}-h{c[5]}/{c[6]}"
+                                              f"{'-softcap' if c[7] else ''}{'-alibi' if c[8] else ''}")
+                          for c in ALT_KEY_TILE_CASES])
+def test_flash_attn_forward_alt_key_tiles_ab_only(dtype, d, b, sq, sk, h, hk, softcap, alibi, monkeypatch):
+    require_config(dtype, d)
+    require_ab_kernels()
+    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D128_N" if d <= 128 else "FLASH_ATTN_FWD_WS_D256_N",
+                       "176" if d <= 128 else "80")
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    slopes = torch.rand(b, h, device="cuda", dtype=torch.float32) * 0.3 if alibi else None
+    out, lse, _ = flash_attn_func(q, k, v, softcap=softcap, alibi_slopes=slopes, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, softcap=softcap, alibi_slopes=slopes, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, softcap=softcap, alibi_slopes=slopes, upcast=False)
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(lse, lse_ref, sq, sk, False, (-1, -1))
+
+
 # The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles; the default
 # since session 14) and, in FLASH_ATTN_AB_KERNELS=1 builds, the 64-row one it replaced
 # (FLASH_ATTN_BWD_WS_M128=0). Odd and tile-boundary lengths, one-row and one-key shapes, GQA / MQA,
