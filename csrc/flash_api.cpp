@@ -238,8 +238,8 @@ int fwd_ws_persistent_mode() {
 }
 
 // FLASH_ATTN_FWD_WS_D64_M (read at each call): query rows per tile of the d64 warp-specialised
-// forward's plain calls; unset = flash::fwd_ws_d64_m128's choice (128 for short causal calls, 192
-// otherwise), 128 or 192 = always that.
+// forward's plain calls; unset = flash::fwd_ws_d64_m128's choice (128 for short causal calls and
+// windows of at most 513 keys, 192 otherwise), 128 or 192 = always that.
 int fwd_ws_d64_rows_mode() {
     const char *env = std::getenv("FLASH_ATTN_FWD_WS_D64_M");
     if (env == nullptr || env[0] == '\0') return 0;

@@ -147,8 +147,9 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         }
     }
     // d64 plain calls on 128 x 128 tiles with 2 consumer warpgroups instead of FA3's 192 x 128 with
-    // 3 where flash::fwd_ws_d64_m128 says so (short causal calls, whose 192-row tiles are mostly
-    // masked work: 512 = 2.67 x 192), or FLASH_ATTN_FWD_WS_D64_M=128 asks for it.
+    // 3 where flash::fwd_ws_d64_m128 says so (short causal calls and narrow sliding windows, whose
+    // 192-row tiles are mostly masked work: 512 = 2.67 x 192), or FLASH_ATTN_FWD_WS_D64_M=128 asks
+    // for it.
     if constexpr (kHeadDim == 64 && !kFeat) {
         if (fwd_ws_d64_m128(params)) {
             fwd_ws_detail::launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, false, true>(params, stream, rows_q, batch_q,
