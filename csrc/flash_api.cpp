@@ -264,6 +264,15 @@ void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool va
     p.tile_count_ptr = reinterpret_cast<int *>(rng_buffer.data_ptr<int64_t>() + 2);
 }
 
+// The warp-specialised forward's run-time switches and the persistent kernel's tile counter, for
+// the dense and the varlen forward alike (after the window and features are set).
+void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool varlen) {
+    p.fwd_ws = fwd_ws_enabled();
+    p.fwd_ws_persistent = fwd_ws_persistent_mode();
+    p.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
+    set_tile_counter(p, rng_buffer, varlen);
+}
+
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
 // effective with it): FLASH_ATTN_BWD_WS_DQ=tma (the default since session 8) writes each query
 // block's fp32 dQ tile to shared memory and adds it into dq_accum with one bulk reduce-add;
@@ -628,10 +637,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_softcap(params, softmax_scale, softcap);
     set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
-    params.fwd_ws = fwd_ws_enabled();
-    params.fwd_ws_persistent = fwd_ws_persistent_mode();
-    params.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
-    set_tile_counter(params, rng_buffer, /*varlen=*/false);
+    set_fwd_ws_switches(params, rng_buffer, /*varlen=*/false);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -882,10 +888,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         found = flash::run_mha_fwd_splitkv(params, stream);
     } else {
         params.total_k = static_cast<int>(k.size(0));
-        params.fwd_ws = fwd_ws_enabled();
-        params.fwd_ws_persistent = fwd_ws_persistent_mode();
-        params.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
-        set_tile_counter(params, rng_buffer, /*varlen=*/true);
+        set_fwd_ws_switches(params, rng_buffer, /*varlen=*/true);
         found = flash::run_mha_fwd(params, stream);
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
