@@ -280,9 +280,7 @@ case ${PART:-A} in
     export FLASH_ATTN_AB_KERNELS=1 FLASH_ATTN_HEAD_DIMS=64,128 FLASH_ATTN_DTYPES=bf16
     build
     TAIL=40 step ncu_fwd_short 240 env CASES="64 512 1;128 512 0" bash scripts/ncu_fwd_compare.sh
-    TAIL=40 step ncu_fwd_d128 150 env CASES="128 8192 0" bash scripts/ncu_fwd_compare.sh
-    TAIL=40 step ncu_fwd_d128_n176 80 env FLASH_ATTN_FWD_WS_D128_N=176 BACKENDS=ours CASES="128 8192 0" \
-      bash scripts/ncu_fwd_compare.sh
+    TAIL=40 step ncu_fwd_d128 120 env CASES="128 8192 0" bash scripts/ncu_fwd_compare.sh
     TAIL=80 step ncu_fwd_short_source 120 env KIND=fwd_shape CASES="64 512 1;128 512 0" bash scripts/ncu_stall_source.sh ;;
   S23F)
     # Session 23, the last heuristic change (d64 128-row tiles for windows of <= 513 keys too):
