@@ -80,14 +80,19 @@ __host__ __device__ __forceinline__ uint32_t pick_word(uint4 r, int j) {
     return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
 }
 
-// Forward with dropout: one thread of the grid records (seed, offset) in rng_state for the
-// backward (read from the device when the generator state was captured in a CUDA graph).
+// One thread of the grid writes rng_state for the backward: with dropout (seed, offset) (read from
+// the device when the generator state was captured in a CUDA graph), zeros without. The binding
+// allocates it uninitialised (session 24: a zero fill kernel per call cost ~2 us of ~140 at 512
+// tokens), so every forward kernel run_mha_fwd launches calls this.
 __device__ __forceinline__ void write_rng_state(const FwdParams &params) {
-    if (params.p_dropout > 0.f && params.rng_state_ptr != nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
-        blockIdx.z == 0 && threadIdx.x == 0) {
+    if (params.rng_state_ptr != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&
+        threadIdx.x == 0) {
         const PhiloxParams &ph = params.philox;
-        params.rng_state_ptr[0] = ph.from_device ? *ph.seed_ptr : int64_t(ph.seed);
-        params.rng_state_ptr[1] = ph.from_device ? *ph.offset_ptr + int64_t(ph.offset_extra) : int64_t(ph.offset);
+        const bool dropout = params.p_dropout > 0.f;
+        params.rng_state_ptr[0] = !dropout ? 0 : ph.from_device ? *ph.seed_ptr : int64_t(ph.seed);
+        params.rng_state_ptr[1] = !dropout ? 0
+                                  : ph.from_device ? *ph.offset_ptr + int64_t(ph.offset_extra)
+                                                   : int64_t(ph.offset);
     }
 }
 

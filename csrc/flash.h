@@ -78,7 +78,7 @@ struct FwdParams : QKVParams {
     float rp_dropout;
     uint32_t dropout_keep_threshold;
     PhiloxParams philox;
-    int64_t *rng_state_ptr;  // forward with dropout: receives (seed, offset)
+    int64_t *rng_state_ptr;  // forward: receives (seed, offset) with dropout, zeros without
     // return_softmax with dropout: (b, h, round128(seqlen_q), round128(seqlen_k)) in the input
     // dtype, exp(score - running max) with dropped elements negated (upstream's convention).
     void *s_dmask_ptr;
@@ -132,7 +132,8 @@ struct FwdParams : QKVParams {
     // (fwd_ws_d64_m128 below), 128 or 192 (set by the binding from FLASH_ATTN_FWD_WS_D64_M).
     int fwd_ws_d64_rows;
     // Persistent forward with a dynamic tile order (causal, sliding window or varlen calls, whose
-    // tiles differ in work): a zeroed int32 the CTAs draw their next tiles from with atomicAdd;
+    // tiles differ in work): two zeroed int32, the counter the CTAs draw their next tiles from with
+    // atomicAdd and the count of CTAs done drawing; the last CTA done zeroes both again.
     // nullptr = the static order (tile blockIdx.x + k gridDim.x).
     int *tile_count_ptr;
     // Split-KV with num_splits > 1: launch the combine kernel as a programmatic dependent launch

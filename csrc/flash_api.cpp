@@ -5,10 +5,12 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>  // not CUDAContext.h: that one wants cusparse.h
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include <optional>
@@ -249,11 +251,38 @@ int fwd_ws_d64_rows_mode() {
     return std::stoi(choice);
 }
 
-// The persistent forward's tile counter (flash.h: tile_count_ptr): a zeroed int32 for the calls
-// whose tiles differ in work (causal, sliding window, varlen), drawn from dynamically; the others
-// walk the tiles in the static order. It is element 2 of rng_buffer (zeroed int64 (3,), whose
-// first two elements are the returned rng_state), so it lives as long as rng_state does.
-void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool varlen) {
+// A forward's rng_state and the persistent forward's tile counter, without a fill kernel per call
+// (session 24: the zero fill and its launch gap cost ~2 us of a 140 us call at 512 tokens).
+// rng_state: uninitialised here, written by the kernel (zeros without dropout, write_rng_state).
+// The tile counter (flash.h: tile_count_ptr, two int32): one per (device, stream), zeroed once
+// and zeroed again by each kernel's last CTA, so calls on one stream (ordered) share it and calls
+// on different streams never do. Per-call zeroed buffers instead (rng_buffer, int64 (3,): rng_state
+// and, in element 2, the counter) under CUDA graph capture (a graph's replays may run on another
+// stream, next to eager calls on the capture stream), for the paged varlen forward (the split-KV
+// kernel leaves rng_state alone) and with FLASH_ATTN_FWD_ZERO_FILL=1 (read at each call; A/B).
+bool fwd_zero_fill(bool paged) {
+    return paged || env_switch("FLASH_ATTN_FWD_ZERO_FILL", false) ||
+           c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+at::Tensor new_rng_buffer(const at::Tensor &q, bool zero_fill) {
+    return zero_fill ? at::zeros({3}, q.options().dtype(at::kLong)) : at::empty({2}, q.options().dtype(at::kLong));
+}
+
+int *stream_tile_counter(const at::Tensor &q) {
+    static std::mutex mutex;
+    // Never freed (nor destroyed at exit, after the CUDA context may be gone): two int32 per stream.
+    static auto *counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    std::lock_guard<std::mutex> lock(mutex);
+    at::Tensor &counter = (*counters)[{static_cast<int>(q.get_device()), stream}];
+    if (!counter.defined()) counter = at::zeros({2}, q.options().dtype(at::kInt));  // on this stream
+    return counter.data_ptr<int>();
+}
+
+// The persistent forward's tile counter for the calls whose tiles differ in work (causal,
+// sliding window, varlen), drawn from dynamically; the others walk the tiles in the static order.
+void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen) {
     const bool ws_tile = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256;
     if (!p.use_sm90 || !p.fwd_ws || !ws_tile || !flash::fwd_ws_use_persistent(p, p.head_dim_tile) ||
         flash::has_features(p)) {
@@ -261,16 +290,16 @@ void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool va
     }
     const bool uneven = varlen || p.window_left < flash::kWindowUnbounded || p.window_right < flash::kWindowUnbounded;
     if (!uneven) return;
-    p.tile_count_ptr = reinterpret_cast<int *>(rng_buffer.data_ptr<int64_t>() + 2);
+    p.tile_count_ptr = zero_fill ? reinterpret_cast<int *>(rng_buffer.data_ptr<int64_t>() + 2) : stream_tile_counter(rng_buffer);
 }
 
 // The warp-specialised forward's run-time switches and the persistent kernel's tile counter, for
 // the dense and the varlen forward alike (after the window and features are set).
-void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool varlen) {
+void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen) {
     p.fwd_ws = fwd_ws_enabled();
     p.fwd_ws_persistent = fwd_ws_persistent_mode();
     p.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
-    set_tile_counter(p, rng_buffer, varlen);
+    set_tile_counter(p, rng_buffer, zero_fill, varlen);
 }
 
 // Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
@@ -616,13 +645,15 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
     // Zeros without dropout (upstream leaves it uninitialised; zeros keep the op's outputs
-    // deterministic, which torch.library.opcheck checks). Element 2 of the same zero fill is the
-    // persistent forward's tile counter (set_tile_counter): one fill kernel per call, not two.
-    at::Tensor rng_buffer = at::zeros({3}, q.options().dtype(at::kLong));
+    // deterministic, which torch.library.opcheck checks): the kernel writes them, or a per-call
+    // zero fill (fwd_zero_fill).
+    const bool zero_fill = fwd_zero_fill(/*paged=*/false);
+    at::Tensor rng_buffer = new_rng_buffer(q, zero_fill);
     at::Tensor rng_state = rng_buffer.narrow(0, 0, 2);
     // Testing only: entries of blocks the kernel skips (outside the mask) stay 0.
     at::Tensor s_dmask = return_softmax ? at::zeros({b, h, round_up(sq, 128), round_up(sk, 128)}, q.options())
                                         : at::empty({0}, q.options());
+    if (b == 0 || sq == 0 || h == 0 || sk == 0) rng_state.zero_();  // no forward kernel below
     if (b == 0 || sq == 0 || h == 0) return {out, lse, s_dmask, rng_state};
     if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf (as a fully masked row)
         out.zero_();
@@ -636,8 +667,9 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_window(params, is_causal, window_left, window_right);
     set_softcap(params, softmax_scale, softcap);
     set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+    params.rng_state_ptr = rng_state.data_ptr<int64_t>();
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
-    set_fwd_ws_switches(params, rng_buffer, /*varlen=*/false);
+    set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/false);
     const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
@@ -829,10 +861,9 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
-    // Zeros without dropout (upstream leaves it uninitialised; zeros keep the op's outputs
-    // deterministic, which torch.library.opcheck checks). Element 2 of the same zero fill is the
-    // persistent forward's tile counter (set_tile_counter): one fill kernel per call, not two.
-    at::Tensor rng_buffer = at::zeros({3}, q.options().dtype(at::kLong));
+    // Zeros without dropout, as in mha_fwd.
+    const bool zero_fill = fwd_zero_fill(paged);
+    at::Tensor rng_buffer = new_rng_buffer(q, zero_fill);
     at::Tensor rng_state = rng_buffer.narrow(0, 0, 2);
     // Testing only: (b, h, round128(max_seqlen_q), round128(max_seqlen_k)); row i / column j of
     // sequence b's own block; entries the kernel skips stay 0.
@@ -848,6 +879,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         // Nothing to attend to (also keeps every grid dimension non-zero below).
         out.zero_();
         lse.fill_(std::numeric_limits<float>::infinity());
+        rng_state.zero_();
         copy_back(out_, out);
         return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }
@@ -858,6 +890,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     set_window(params, is_causal, window_left, window_right);
     set_softcap(params, softmax_scale, softcap);
     set_alibi(params, alibi_slopes, q, b, h);
+    params.rng_state_ptr = rng_state.data_ptr<int64_t>();
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
     at::Tensor seqused_k, leftpad_k, block_table;
     if (seqused_k_.has_value()) {
@@ -888,7 +921,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         found = flash::run_mha_fwd_splitkv(params, stream);
     } else {
         params.total_k = static_cast<int>(k.size(0));
-        set_fwd_ws_switches(params, rng_buffer, /*varlen=*/true);
+        set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/true);
         found = flash::run_mha_fwd(params, stream);
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);

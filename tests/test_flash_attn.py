@@ -10,6 +10,8 @@ MHA/GQA/MQA crossed partially, long sequences for a few head dims, and the featu
 The full product (batch x head layout) is marked slow: FLASH_ATTN_TEST_FULL=1.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -483,6 +485,78 @@ def test_side_stream():
             assert max_err(a, r) <= 1e-2 * r.float().abs().max().item(), name
         else:
             assert torch.equal(a, r), f"{name} differs between the side stream and the default stream"
+
+
+# The forward launches no zero fill (session 24): the kernel writes rng_state (zeros without
+# dropout), and the persistent forward's tile counter is one per stream that each kernel's last
+# CTA zeroes again (a per-call zero fill under graph capture and with FLASH_ATTN_FWD_ZERO_FILL=1).
+@pytest.mark.parametrize("fill", ["0", "1"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_forward_rng_state_zeros_without_fill(d, fill, monkeypatch):
+    dtype = torch.bfloat16
+    require_config(dtype, d)
+    monkeypatch.setenv("FLASH_ATTN_FWD_ZERO_FILL", fill)
+    for causal in (False, True):
+        for sk in (300, 0):
+            q = torch.randn(2, 257, 4, d, device="cuda", dtype=dtype)
+            k, v = (torch.randn(2, sk, 2, d, device="cuda", dtype=dtype) for _ in range(2))
+            # Freed small blocks full of -1: what an uninitialised rng_state would show.
+            junk = [torch.full((64,), -1, device="cuda", dtype=torch.int64) for _ in range(256)]
+            del junk
+            _, _, _, rng_state = torch.ops.flash_attn._flash_attn_forward(
+                q, k, v, 0.0, d ** -0.5, causal, -1, -1, 0.0, None, False)
+            assert rng_state.tolist() == [0, 0], (causal, sk)
+
+
+def test_forward_tile_counter_streams_and_graphs():
+    """Causal forwards (the persistent kernel's dynamic tile order) of different shapes, many in a
+    row on two streams at once and replayed from a CUDA graph between eager calls on the capture
+    stream: each bitwise equal to the same call with a per-call zeroed counter."""
+    dtype = torch.bfloat16
+    require_config(dtype, 128)
+    shapes = [(4, 1024, 8, 128), (2, 333, 4, 128), (8, 512, 16, 128), (1, 2000, 2, 128)]
+    cases = []
+    for b, s, h, d in shapes:
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
+        os.environ["FLASH_ATTN_FWD_ZERO_FILL"] = "1"
+        try:
+            ref = flash_attn_func(q, k, v, causal=True)
+        finally:
+            del os.environ["FLASH_ATTN_FWD_ZERO_FILL"]
+        cases.append((q, k, v, ref))
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [[] for _ in streams]
+    for st in streams:
+        st.wait_stream(torch.cuda.current_stream())
+    for rep in range(6):
+        for i, (st, res) in enumerate(zip(streams, outs)):
+            with torch.cuda.stream(st):
+                q, k, v, _ = cases[(rep + 2 * i) % len(cases)]
+                res.append(((rep + 2 * i) % len(cases), flash_attn_func(q, k, v, causal=True)))
+    for st in streams:
+        torch.cuda.current_stream().wait_stream(st)
+    torch.cuda.synchronize()
+    for res in outs:
+        for idx, out in res:
+            assert torch.equal(out, cases[idx][3]), f"shape {shapes[idx]}: differs from the per-call counter"
+
+    q, k, v, ref = cases[0]
+    q2, k2, v2, ref2 = cases[1]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flash_attn_func(q, k, v, causal=True)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            out_g = flash_attn_func(q, k, v, causal=True)
+        for _ in range(3):
+            graph.replay()
+            eager = flash_attn_func(q2, k2, v2, causal=True)
+            torch.cuda.current_stream().synchronize()
+            assert torch.equal(out_g, ref) and torch.equal(eager, ref2)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
 
 
 def test_second_device():

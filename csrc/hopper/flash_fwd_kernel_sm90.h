@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     const int bidh = blockIdx.z;
     const int bidh_k = bidh / params.h_h_k_ratio;
 
-    if constexpr (kFeat) { write_rng_state(params); }
+    write_rng_state(params);  // zeros without dropout
 
     const BlockInfo binfo(params, bidb);
     const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int num_tiles = kPersistent ? num_m_blocks * params.b * params.h : 1;
     const int tile_first = kPersistent ? int(blockIdx.x) : 0;
     const int tile_stride = kPersistent ? int(gridDim.x) : 1;
-    if constexpr (kFeat) { write_rng_state(params); }  // thread 0 of CTA (0, 0, 0), before any exit
+    write_rng_state(params);  // thread 0 of CTA (0, 0, 0), before any exit; zeros without dropout
     // A tile's coordinates and key-block range; `valid` false past a varlen sequence's rows.
     struct Tile {
         int m_block, bidb, bidh, n_block_min, n_block_max;
@@ -158,6 +158,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 wait_q_free();
                 ss.tile_next = -1;
                 cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
+                if (params.tile_count_ptr != nullptr) {
+                    // The last CTA out zeroes the counter and the exit count for the next call
+                    // (the binding keeps one counter per stream, zeroed once): every CTA's last
+                    // draw is ordered before its exit count by the fence, so none draws after.
+                    __threadfence();
+                    if (atomicAdd(params.tile_count_ptr + 1, 1) == int(gridDim.x) - 1) {
+                        atomicExch(params.tile_count_ptr, 0);
+                        atomicExch(params.tile_count_ptr + 1, 0);
+                    }
+                }
             }
         }
     } else {
