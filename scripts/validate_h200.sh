@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S24D bash scripts/validate_h200.sh # final: full build; suite; fwd zero-fill A/B; grid (then S23E)
 #   PART=S24B bash scripts/validate_h200.sh # d128/256 bf16 A/B build: FA3's key tiles (176 / 80) as single wgmmas (extended MMA shapes): tests, A/B
 #   PART=S24A bash scripts/validate_h200.sh # d64/128 bf16 A/B build; ncu ours vs cuDNN forward at 512 (d64 causal, d128) and d128 8k (128 vs 176 keys)
 #   PART=S23F bash scripts/validate_h200.sh # final code (d64 m128 for narrow windows too): full build; suite; window A/B
@@ -272,6 +273,15 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S24D)
+    # Session 24, final: full build; the suite; the forward without its per-call zero fill
+    # (scripts/fwd_fill_ab.py, FLASH_ATTN_FWD_ZERO_FILL=1 vs default); the grid against SDPA's
+    # flash / cuDNN / efficient. S23E follows on the same machine.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=30 step fill_ab 90 $PY scripts/fwd_fill_ab.py
+    TAIL=56 step grid 220 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
+    cp /tmp/grid/*.csv "$OUT/" 2>/dev/null ;;
   S24A)
     # Prepared in session 23 (not GPU-run): where the short-sequence forward's time goes, ours
     # against cuDNN (d64 causal 512: 0.81x; d128 512: 0.92x), and why FA3's 176-key d128 tiles run
