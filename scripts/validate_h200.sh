@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S24E bash scripts/validate_h200.sh # d128 bf16 build; decode benchmark x3
 #   PART=S24D bash scripts/validate_h200.sh # final: full build; suite; fwd zero-fill A/B; grid (then S23E)
 #   PART=S24B bash scripts/validate_h200.sh # d128/256 bf16 A/B build: FA3's key tiles (176 / 80) as single wgmmas (extended MMA shapes): tests, A/B
 #   PART=S24A bash scripts/validate_h200.sh # d64/128 bf16 A/B build; ncu ours vs cuDNN forward at 512 (d64 causal, d128) and d128 8k (128 vs 176 keys)
@@ -273,6 +274,13 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S24E)
+    # Session 24: decode repeated (issue 4's decode criterion, measured at parity +-0.5% across
+    # sessions): d128 bf16 build; the decode benchmark three times.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    build
+    for i in 1 2 3; do TAIL=12 step decode_$i 60 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec$i; done
+    for i in 1 2 3; do cp /tmp/dec$i/decode.csv "$OUT/decode_$i.csv" 2>/dev/null; done ;;
   S24D)
     # Session 24, final: full build; the suite; the forward without its per-call zero fill
     # (scripts/fwd_fill_ab.py, FLASH_ATTN_FWD_ZERO_FILL=1 vs default); the grid against SDPA's
