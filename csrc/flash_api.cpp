@@ -269,14 +269,15 @@ at::Tensor new_rng_buffer(const at::Tensor &q, bool zero_fill) {
     return zero_fill ? at::zeros({3}, q.options().dtype(at::kLong)) : at::empty({2}, q.options().dtype(at::kLong));
 }
 
-int *stream_tile_counter(const at::Tensor &q) {
+// The current stream's tile counter on the device of `on_device`.
+int *stream_tile_counter(const at::Tensor &on_device) {
     static std::mutex mutex;
     // Never freed (nor destroyed at exit, after the CUDA context may be gone): two int32 per stream.
     static auto *counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     std::lock_guard<std::mutex> lock(mutex);
-    at::Tensor &counter = (*counters)[{static_cast<int>(q.get_device()), stream}];
-    if (!counter.defined()) counter = at::zeros({2}, q.options().dtype(at::kInt));  // on this stream
+    at::Tensor &counter = (*counters)[{static_cast<int>(on_device.get_device()), stream}];
+    if (!counter.defined()) counter = at::zeros({2}, on_device.options().dtype(at::kInt));  // on this stream
     return counter.data_ptr<int>();
 }
 
@@ -290,7 +291,8 @@ void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool ze
     }
     const bool uneven = varlen || p.window_left < flash::kWindowUnbounded || p.window_right < flash::kWindowUnbounded;
     if (!uneven) return;
-    p.tile_count_ptr = zero_fill ? reinterpret_cast<int *>(rng_buffer.data_ptr<int64_t>() + 2) : stream_tile_counter(rng_buffer);
+    p.tile_count_ptr = zero_fill ? reinterpret_cast<int *>(rng_buffer.data_ptr<int64_t>() + 2)
+                                 : stream_tile_counter(rng_buffer);
 }
 
 // The warp-specialised forward's run-time switches and the persistent kernel's tile counter, for
