@@ -655,7 +655,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     // Testing only: entries of blocks the kernel skips (outside the mask) stay 0.
     at::Tensor s_dmask = return_softmax ? at::zeros({b, h, round_up(sq, 128), round_up(sk, 128)}, q.options())
                                         : at::empty({0}, q.options());
-    if (b == 0 || sq == 0 || h == 0 || sk == 0) rng_state.zero_();  // no forward kernel below
+    if (!zero_fill && (b == 0 || sq == 0 || h == 0 || sk == 0)) rng_state.zero_();  // no forward kernel below
     if (b == 0 || sq == 0 || h == 0) return {out, lse, s_dmask, rng_state};
     if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf (as a fully masked row)
         out.zero_();
@@ -881,7 +881,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         // Nothing to attend to (also keeps every grid dimension non-zero below).
         out.zero_();
         lse.fill_(std::numeric_limits<float>::infinity());
-        rng_state.zero_();
+        if (!zero_fill) rng_state.zero_();  // no forward kernel below
         copy_back(out_, out);
         return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }

@@ -10,8 +10,6 @@ MHA/GQA/MQA crossed partially, long sequences for a few head dims, and the featu
 The full product (batch x head layout) is marked slow: FLASH_ATTN_TEST_FULL=1.
 """
 
-import os
-
 import pytest
 import torch
 
@@ -508,7 +506,7 @@ def test_forward_rng_state_zeros_without_fill(d, fill, monkeypatch):
             assert rng_state.tolist() == [0, 0], (causal, sk)
 
 
-def test_forward_tile_counter_streams_and_graphs():
+def test_forward_tile_counter_streams_and_graphs(monkeypatch):
     """Causal forwards (the persistent kernel's dynamic tile order) of different shapes, many in a
     row on two streams at once and replayed from a CUDA graph between eager calls on the capture
     stream: each bitwise equal to the same call with a per-call zeroed counter."""
@@ -518,11 +516,9 @@ def test_forward_tile_counter_streams_and_graphs():
     cases = []
     for b, s, h, d in shapes:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
-        os.environ["FLASH_ATTN_FWD_ZERO_FILL"] = "1"
-        try:
-            ref = flash_attn_func(q, k, v, causal=True)
-        finally:
-            del os.environ["FLASH_ATTN_FWD_ZERO_FILL"]
+        monkeypatch.setenv("FLASH_ATTN_FWD_ZERO_FILL", "1")
+        ref = flash_attn_func(q, k, v, causal=True)
+        monkeypatch.delenv("FLASH_ATTN_FWD_ZERO_FILL")
         cases.append((q, k, v, ref))
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
