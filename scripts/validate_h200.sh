@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S25A bash scripts/validate_h200.sh # branch s25-mask-bounds: d64/128/256 bf16; suite; two-.so mask A/B (carry .ab)
 #   PART=S24E bash scripts/validate_h200.sh # d128 bf16 build; decode benchmark x3
 #   PART=S24D bash scripts/validate_h200.sh # final: full build; suite; fwd zero-fill A/B; grid (then S23E)
 #   PART=S24B bash scripts/validate_h200.sh # d128/256 bf16 A/B build: FA3's key tiles (176 / 80) as single wgmmas (extended MMA shapes): tests, A/B
@@ -274,6 +275,28 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S25A)
+    # Prepared in session 24 (branch s25-mask-bounds, compile-checked, not GPU-run): Mask::apply
+    # with per-row bounds and compile-time column offsets (2 instructions per masked element for
+    # causal calls instead of ~4-5; the WS backward's transposed mask likewise, Mask::apply_t).
+    # bf16 d64 / 128 / 256 build; the suite; then main's mask.h and WS backward kernel (carried in
+    # .ab/old_mask) rebuilt for a two-.so A/B of masked and unmasked forward / backward cells.
+    # Before the run: mkdir -p .ab/old_mask; git show main:csrc/mask.h > .ab/old_mask/mask.h;
+    # git show main:csrc/hopper/flash_bwd_ws_kernel_sm90.h > .ab/old_mask/flash_bwd_ws_kernel_sm90.h
+    # (carry [".deps", ".ab"]; ~9 min with the 3-head-dim build and the rebuild).
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/new.so
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    cp csrc/mask.h /tmp/new_mask.h; cp csrc/hopper/flash_bwd_ws_kernel_sm90.h /tmp/new_bwd_ws.h
+    cp .ab/old_mask/mask.h csrc/mask.h; cp .ab/old_mask/flash_bwd_ws_kernel_sm90.h csrc/hopper/
+    TAIL=1 step rebuild_old 240 $PY -m pip install --no-build-isolation --no-deps -e .
+    cp "$so" /tmp/old.so; cp /tmp/new_mask.h csrc/mask.h; cp /tmp/new_bwd_ws.h csrc/hopper/flash_bwd_ws_kernel_sm90.h
+    for r in 1 2; do for v in old new; do cp /tmp/$v.so "$so"
+      timeout 100 $PY scripts/mask_ab_cells.py $v 2>&1 | grep FWD
+    done; done > "$OUT/ab_mask_raw.log"
+    cp /tmp/new.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_mask_raw.log')))" | tee "$OUT/ab_mask.log" ;;
   S24E)
     # Session 24: decode repeated (issue 4's decode criterion, measured at parity +-0.5% across
     # sessions): d128 bf16 build; the decode benchmark three times.

@@ -696,14 +696,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
         // The tile's rows past the sequence (see the header) are masked too.
         if (rows_past_end || mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_s); ++i) {
-                const int key = col0 + get<0>(coords_st(i));
-                const int row = row0 + get<1>(coords_st(i));
-                const bool masked = (key >= seqlen_k) | (row >= seqlen_q) | (key > row + diag + params.window_right) |
-                                    (key < row + diag - params.window_left);
-                acc_s(i) = masked ? -INFINITY : acc_s(i);
-            }
+            mask.apply_t(acc_s, coords_st, row0, col0, seqlen_q);
         }
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(scores); ++ni) {
