@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S25B bash scripts/validate_h200.sh # d128 bf16: .L2::128B hint on the decode cp.async, two-.so decode A/B
 #   PART=S25A bash scripts/validate_h200.sh # branch s25-mask-bounds: d64/128/256 bf16; suite; two-.so mask A/B (carry .ab)
 #   PART=S24E bash scripts/validate_h200.sh # d128 bf16 build; decode benchmark x3
 #   PART=S24D bash scripts/validate_h200.sh # final: full build; suite; fwd zero-fill A/B; grid (then S23E)
@@ -275,6 +276,24 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S25B)
+    # Session 25: the .L2::128B prefetch-size hint on the split-KV kernels' 16-byte cp.async (what
+    # CuTe's SM80_CP_ASYNC_CACHEGLOBAL and so FA2 / cuDNN-class kernels emit; ours had no hint,
+    # and .L2::256B measured 2-5% slower in s7 / s16). d128 bf16 builds with and without it, the
+    # decode benchmark (ours, paged 16, cuDNN) in interleaved processes, 3 rounds each.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/none.so
+    f=csrc/flash_fwd_splitkv_common.h; cp $f /tmp/common.h
+    sed -i 's|"cp.async.cg.shared.global \[%0\]|"cp.async.cg.shared.global.L2::128B [%0]|' $f
+    grep -c 'global.L2::128B' $f
+    TAIL=1 step rebuild_l2_128 200 $PY -m pip install --no-build-isolation --no-deps -e .
+    cp "$so" /tmp/l2_128.so; cp /tmp/common.h $f
+    for r in 1 2 3; do for v in none l2_128; do cp /tmp/$v.so "$so"
+      echo "== $v round $r"; timeout 60 $PY benchmarks/benchmark_attn.py --decode --backends ours,cudnn \
+        --decode-rounds 1 --decode-clean --out /tmp/dec_${v}_$r 2>&1 | grep -E '^ +[0-9]+ +[0-9]+ |read-fl'
+    done; done | tee "$OUT/decode_l2_ab.log"
+    cp /tmp/none.so "$so" ;;
   S25A)
     # Prepared in session 24 (branch s25-mask-bounds, compile-checked, not GPU-run): Mask::apply
     # with per-row bounds and compile-time column offsets (2 instructions per masked element for
