@@ -43,6 +43,8 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S25D bash scripts/validate_h200.sh # final: full build; suite; grid (then S23E)
+#   PART=S25C bash scripts/validate_h200.sh # branch s25-decode-spec: decode speculative start; kvcache tests; spec A/B
 #   PART=S25B bash scripts/validate_h200.sh # d128 bf16: .L2::128B hint on the decode cp.async, two-.so decode A/B
 #   PART=S25A bash scripts/validate_h200.sh # branch s25-mask-bounds: d64/128/256 bf16; suite; two-.so mask A/B (carry .ab)
 #   PART=S24E bash scripts/validate_h200.sh # d128 bf16 build; decode benchmark x3
@@ -276,6 +278,20 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S25C)
+    # Session 25 (run on branch s25-decode-spec, where this part's code lives; not merged): the d128 decode's speculative start: d128 bf16 build;
+    # the kvcache tests; A/B against FLASH_ATTN_DECODE_SPEC_START=0, no cache_seqlens and cuDNN.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test_kvcache 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "kvcache"
+    TAIL=4 step decode_spec_ab 120 $PY scripts/decode_spec_ab.py --rounds 5 ;;
+  S25D)
+    # Session 25, final: full build; the suite; the grid against SDPA's flash / cuDNN / efficient.
+    # S23E follows on the same machine.
+    build
+    TAIL=3 step test 240 $PY -m pytest tests -q -x
+    TAIL=56 step grid 220 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
+    cp /tmp/grid/*.csv "$OUT/" 2>/dev/null ;;
   S25B)
     # Session 25: the .L2::128B prefetch-size hint on the split-KV kernels' 16-byte cp.async (what
     # CuTe's SM80_CP_ASYNC_CACHEGLOBAL and so FA2 / cuDNN-class kernels emit; ours had no hint,
