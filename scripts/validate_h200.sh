@@ -285,13 +285,6 @@ case ${PART:-A} in
     build
     TAIL=3 step test_kvcache 150 $PY -m pytest tests/test_varlen_kvcache.py -q -x -k "kvcache"
     TAIL=4 step decode_spec_ab 120 $PY scripts/decode_spec_ab.py --rounds 5 ;;
-  S25D)
-    # Session 25, final: full build; the suite; the grid against SDPA's flash / cuDNN / efficient.
-    # S23E follows on the same machine.
-    build
-    TAIL=3 step test 240 $PY -m pytest tests -q -x
-    TAIL=56 step grid 220 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
-    cp /tmp/grid/*.csv "$OUT/" 2>/dev/null ;;
   S25B)
     # Session 25: the .L2::128B prefetch-size hint on the split-KV kernels' 16-byte cp.async (what
     # CuTe's SM80_CP_ASYNC_CACHEGLOBAL and so FA2 / cuDNN-class kernels emit; ours had no hint,
@@ -364,8 +357,9 @@ case ${PART:-A} in
     build
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=12 step d64_m128_window_ab 40 $PY scripts/d64_m128_window_ab.py ;;
-  S23D)
-    # Session 23, final: full build; the suite; the grid against SDPA's flash / cuDNN / efficient.
+  S23D|S25D)
+    # Sessions 23 and 25, final: full build; the suite; the grid against SDPA's flash / cuDNN /
+    # efficient (S23E follows on the same machine).
     build
     TAIL=3 step test 240 $PY -m pytest tests -q -x
     TAIL=56 step grid 220 $PY benchmarks/benchmark_attn.py --backends ours,flash,cudnn,efficient --out /tmp/grid
