@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S26B bash scripts/validate_h200.sh # branch s26-tma-store: TMA store of the forward O tile; suite; run-time A/B
 #   PART=S25D bash scripts/validate_h200.sh # final: full build; suite; grid (then S23E)
 #   PART=S25C bash scripts/validate_h200.sh # branch s25-decode-spec: decode speculative start; kvcache tests; spec A/B
 #   PART=S25B bash scripts/validate_h200.sh # d128 bf16: .L2::128B hint on the decode cp.async, two-.so decode A/B
@@ -278,6 +279,16 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S26B)
+    # Prepared in session 25 (branch s26-tma-store, compile-checked, not GPU-run): the WS
+    # forward's plain kernels write each warpgroup's O tile with one TMA store on dense calls
+    # (FLASH_ATTN_FWD_TMA_O=0: main's 16-byte stores by every thread). bf16 d64 / 128 / 256
+    # build; the suite (incl. test_flash_attn_forward_tma_o_*: bitwise equal to the thread
+    # stores); the run-time A/B (scripts/fwd_tma_o_ab.py, one build, interleaved arms).
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=30 step tma_o_ab 150 $PY scripts/fwd_tma_o_ab.py ;;
   S25C)
     # Session 25 (run on branch s25-decode-spec, where this part's code lives; not merged): the d128 decode's speculative start: d128 bf16 build;
     # the kvcache tests; A/B against FLASH_ATTN_DECODE_SPEC_START=0, no cache_seqlens and cuDNN.
