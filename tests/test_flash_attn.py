@@ -257,6 +257,30 @@ def test_flash_attn_forward_tma_o_strided_out(monkeypatch):
     assert (big[:, :, h:, :] == 7).all() and (big[:, :, :, d:] == 7).all()
 
 
+# Conditional rescaling (the plain sm_90a forward keeps a row's running max until a tile raises
+# it by more than 2^8 in the exp2 domain; softmax.h): scores that grow towards the keys the kernel
+# visits last (it walks key blocks from the right) make rows both keep a stale max (exponentials
+# up to 256) and adopt a new one, several times per row; outliers of +-40 standard deviations in
+# a few keys make single jumps. Out and LSE against the fp32 reference.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_forward_growing_scores(dtype, d, causal):
+    require_config(dtype, d)
+    b, sq, sk, h = 2, 700, 1500, 4
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    ramp = 1.0 + 5.0 * torch.linspace(1.0, 0.0, sk, device="cuda").view(1, sk, 1, 1)
+    k = (torch.randn(b, sk, h, d, device="cuda") * ramp).to(dtype)
+    k[:, 100] *= 8
+    k[:, 900] *= -8
+    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(lse, lse_ref, sq, sk, causal, (-1, -1))
+
+
 # The d64 warp-specialised forward's two tile shapes, each forced (FLASH_ATTN_FWD_WS_D64_M):
 # 128 x 128 with 2 consumer warpgroups (the default for causal calls up to 1024 queries and keys
 # and for windows of at most 513 keys) and FA3's 192 x 128 with 3 (the default otherwise): the

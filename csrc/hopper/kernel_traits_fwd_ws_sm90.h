@@ -28,6 +28,9 @@ enum class FwdWsBarrier : uint32_t {
     kEpiWG0 = 3,
 };
 
+// See FwdWsTraitsSm90::kLazyRescaleLog2 (sed by PART=S26C).
+constexpr int kFwdLazyRescaleLog2 = 8;
+
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
 struct FwdWsTraitsSm90 {
     using Element = Element_;
@@ -52,6 +55,9 @@ struct FwdWsTraitsSm90 {
     // d128 1-2.5% slower, the feature kernels mixed (d256 dropout -4%, ALiBi +2%): plain d256 only
     // (the mainloop's kFeat keeps the feature kernels on the other placement).
     static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
+    // The plain kernels' conditional rescaling (OnlineSoftmax::update_scores kLazyLog2; 0 = every
+    // tile rescales O as soon as a row max moves). PART=S26C rebuilds with 0 for its A/B.
+    static constexpr int kLazyRescaleLog2 = kFwdLazyRescaleLog2;
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
