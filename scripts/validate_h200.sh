@@ -43,6 +43,7 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
 #   PART=S26C bash scripts/validate_h200.sh # branch s26-fwd-next: TMA store of O (run-time A/B) + conditional rescaling (two-.so A/B)
 #   PART=S26B bash scripts/validate_h200.sh # branch s26-tma-store: TMA store of the forward O tile; suite; run-time A/B
 #   PART=S25D bash scripts/validate_h200.sh # final: full build; suite; grid (then S23E)
@@ -280,6 +281,23 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S26D)
+    # Optional (branch s26-fwd-next): with the conditional rescaling, the d64 forward's P V wait
+    # after its softmax again (scheduling_block_boundary, d >= 128 only since session 20, where d64
+    # measured 0-4% slower with it). d64 bf16 builds without (the branch) and with it (sed), the
+    # two-.so forward A/B (scripts/fwd_ab_cells.py, 2 rounds). ~4 min.
+    export FLASH_ATTN_HEAD_DIMS=64 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/nobound.so
+    f=csrc/hopper/flash_fwd_ws_mainloop_sm90.h; cp $f /tmp/mainloop.h
+    sed -i 's/if constexpr (!kFeat \&\& Traits::kHeadDim >= 128) {/if constexpr (!kFeat \&\& Traits::kHeadDim >= 64) {/' $f; grep -c 'Traits::kHeadDim >= 64) {' $f
+    TAIL=1 step rebuild_bound 200 $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/bound.so
+    cp /tmp/mainloop.h $f
+    for r in 1 2; do for v in nobound bound; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
+      timeout 60 $PY scripts/fwd_ab_cells.py $v 2>&1 | grep FWD
+    done; done > "$OUT/ab_bound_raw.log"
+    cp /tmp/nobound.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
   S26C)
     # Prepared in session 25 (branch s26-fwd-next = s26-tma-store + conditional rescaling,
     # compile-checked, not GPU-run): (1) the forward's TMA store of O (run-time switch
