@@ -72,7 +72,7 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
                              typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
     // O: plain kernels (see fwd_ws_store) on dense calls only, and only where the TMA can address
     // it; otherwise the descriptor is built over Q (checked by the caller) and left unused.
-    kp.o_tma = !kFeat && params.fwd_tma_o && params.cu_seqlens_q == nullptr &&
+    kp.o_tma = !kFeat && Traits::kTmaStoreO && params.fwd_tma_o && params.cu_seqlens_q == nullptr &&
                reinterpret_cast<uintptr_t>(params.o_ptr) % 16 == 0 && tma_stride_ok(params.o_row_stride, rows_q) &&
                tma_stride_ok(params.o_head_stride, params.h) && tma_stride_ok(params.o_batch_stride, batch_q);
     {

@@ -56,8 +56,13 @@ struct FwdWsTraitsSm90 {
     // (the mainloop's kFeat keeps the feature kernels on the other placement).
     static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
     // The plain kernels' conditional rescaling (OnlineSoftmax::update_scores kLazyLog2; 0 = every
-    // tile rescales O as soon as a row max moves). PART=S26C rebuilds with 0 for its A/B.
-    static constexpr int kLazyRescaleLog2 = kFwdLazyRescaleLog2;
+    // tile rescales O as soon as a row max moves). Measured (session 26, PART=S26C, two-.so A/B):
+    // d128 +1-9%, d256 +3-13% (largest at 8k), d64 2-5% slower (its O rescale is only 32 FMULs
+    // per tile and the vote costs more than it saves): d >= 128 only.
+    static constexpr int kLazyRescaleLog2 = kHeadDim >= 128 ? kFwdLazyRescaleLog2 : 0;
+    // The plain kernels' TMA store of O (see fwd_ws_store). Measured (session 26, run-time A/B):
+    // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
+    static constexpr bool kTmaStoreO = kHeadDim <= 128;
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
