@@ -131,6 +131,10 @@ struct FwdParams : QKVParams {
     // Warp-specialised forward at head-dim tile 64, plain calls: query rows per tile, 0 = auto
     // (fwd_ws_d64_m128 below), 128 or 192 (set by the binding from FLASH_ATTN_FWD_WS_D64_M).
     int fwd_ws_d64_rows;
+    // Warp-specialised forward, dense calls: each consumer warpgroup writes its O tile with one
+    // TMA store from shared memory (set by the binding, FLASH_ATTN_FWD_TMA_O=0 off: the 16-byte
+    // per-thread stores, which varlen calls always use).
+    bool fwd_tma_o;
     // Persistent forward with a dynamic tile order (causal, sliding window or varlen calls, whose
     // tiles differ in work): two zeroed int32, the counter the CTAs draw their next tiles from with
     // atomicAdd and the count of CTAs done drawing; the last CTA done zeroes both again.

@@ -301,6 +301,7 @@ void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool
     p.fwd_ws = fwd_ws_enabled();
     p.fwd_ws_persistent = fwd_ws_persistent_mode();
     p.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
+    p.fwd_tma_o = env_switch("FLASH_ATTN_FWD_TMA_O", true);
     set_tile_counter(p, rng_buffer, zero_fill, varlen);
 }
 

@@ -35,7 +35,16 @@ struct OnlineSoftmax {
     // leaves exp(scores - max) in acc_s. Returns the factor each row of the output accumulator
     // must be multiplied by (all 1 on the first tile); the Hopper kernel applies it only once
     // the P V GEMM still in flight has finished.
-    template <bool kFirst, typename TensorS>
+    //
+    // kLazyLog2 > 0 (FlashAttention-4's conditional rescaling): a row keeps its running max unless
+    // the new one exceeds it by more than kLazyLog2 in the exp2 domain, so its exponentials may
+    // reach 2^kLazyLog2 (256 for 8: exact in fp32, and bf16 / fp16 P keep their relative
+    // precision), and its rescale factor stays exactly 1. Nothing else changes: the row sum and O
+    // carry the same stale max, and finalize's lse = max * scale + log(sum) is the same value. After
+    // the first tiles most rows keep their max, and the caller skips O's rescale when no row of
+    // the warp moved (rescale_o_if_moved). A row seen -inf so far adopts any finite max (the
+    // difference is +inf); -inf after -inf compares false (NaN) and keeps -inf.
+    template <bool kFirst, int kLazyLog2 = 0, typename TensorS>
     __forceinline__ __device__ RowTensor update_scores(TensorS &acc_s, float scale_log2) {
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         static_assert(decltype(size<0>(scores))::value == kNRows);
@@ -46,6 +55,12 @@ struct OnlineSoftmax {
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(scores); ++ni) { m = fmaxf(m, scores(mi, ni)); }
             m = quad_allreduce(m, MaxOp{});
+            if constexpr (!kFirst && kLazyLog2 > 0) {
+                const bool adopt = (m - row_max(mi)) * scale_log2 > float(kLazyLog2);
+                rescale(mi) = adopt ? exp2f((row_max(mi) - m) * scale_log2) : 1.f;
+                row_max(mi) = adopt ? m : row_max(mi);
+                continue;
+            }
             // exp2((prev - cur) * scale); a row with nothing visible so far (cur = -inf) keeps 1.
             rescale(mi) = kFirst || m == -INFINITY ? 1.f : exp2f((row_max(mi) - m) * scale_log2);
             row_max(mi) = m;
@@ -60,6 +75,16 @@ struct OnlineSoftmax {
             row_sum(mi) = sum;
         }
         return rescale;
+    }
+
+    // rescale_o unless every row of the warp keeps factor 1 (a warp vote: the skip is warp-uniform,
+    // and multiplying by 1 is exact, so the result is bitwise that of rescale_o).
+    template <typename TensorO>
+    __forceinline__ __device__ static void rescale_o_if_moved(TensorO &acc_o, RowTensor const &rescale) {
+        bool moved = false;
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) { moved |= rescale(mi) != 1.f; }
+        if (__any_sync(0xffffffffu, moved)) { rescale_o(acc_o, rescale); }
     }
 
     template <typename TensorO>

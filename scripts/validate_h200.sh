@@ -43,6 +43,9 @@
 #   PART=S20D bash scripts/validate_h200.sh # final: full build; suite; features; grid (4 backends)
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
+#   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S26C bash scripts/validate_h200.sh # branch s26-fwd-next: TMA store of O (run-time A/B) + conditional rescaling (two-.so A/B)
+#   PART=S26B bash scripts/validate_h200.sh # branch s26-tma-store: TMA store of the forward O tile; suite; run-time A/B
 #   PART=S25D bash scripts/validate_h200.sh # final: full build; suite; grid (then S23E)
 #   PART=S25C bash scripts/validate_h200.sh # branch s25-decode-spec: decode speculative start; kvcache tests; spec A/B
 #   PART=S25B bash scripts/validate_h200.sh # d128 bf16: .L2::128B hint on the decode cp.async, two-.so decode A/B
@@ -278,6 +281,53 @@ case ${PART:-A} in
       tests/test_flash_attn.py tests/test_flash_attn_features.py tests/test_varlen_kvcache.py -q -x \
       -k "not bwd and not backward and not grad"
     TAIL=44 step ab_ext_tiles 150 $PY scripts/ws_tile_ab.py --ext-tiles ;;
+  S26D)
+    # Optional (branch s26-fwd-next): with the conditional rescaling, the d64 forward's P V wait
+    # after its softmax again (scheduling_block_boundary, d >= 128 only since session 20, where d64
+    # measured 0-4% slower with it). d64 bf16 builds without (the branch) and with it (sed), the
+    # two-.so forward A/B (scripts/fwd_ab_cells.py, 2 rounds). ~4 min.
+    export FLASH_ATTN_HEAD_DIMS=64 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/nobound.so
+    f=csrc/hopper/flash_fwd_ws_mainloop_sm90.h; cp $f /tmp/mainloop.h
+    sed -i 's/if constexpr (!kFeat \&\& Traits::kHeadDim >= 128) {/if constexpr (!kFeat \&\& Traits::kHeadDim >= 64) {/' $f; grep -c 'Traits::kHeadDim >= 64) {' $f
+    TAIL=1 step rebuild_bound 200 $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/bound.so
+    cp /tmp/mainloop.h $f
+    for r in 1 2; do for v in nobound bound; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
+      timeout 60 $PY scripts/fwd_ab_cells.py $v 2>&1 | grep FWD
+    done; done > "$OUT/ab_bound_raw.log"
+    cp /tmp/nobound.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S26C)
+    # Prepared in session 25 (branch s26-fwd-next = s26-tma-store + conditional rescaling,
+    # compile-checked, not GPU-run): (1) the forward's TMA store of O (run-time switch
+    # FLASH_ATTN_FWD_TMA_O, A/B in one build); (2) the plain WS forward keeps a row's running max
+    # until a tile raises it by more than 2^8 and skips O's rescale where no row of the warp moved
+    # (kFwdLazyRescaleLog2 = 8; main's behaviour = 0, rebuilt by sed for the two-.so A/B).
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/lazy8.so
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=26 step tma_o_ab 120 $PY scripts/fwd_tma_o_ab.py
+    f=csrc/hopper/kernel_traits_fwd_ws_sm90.h; cp $f /tmp/traits.h
+    sed -i "s/^constexpr int kFwdLazyRescaleLog2 = .*;/constexpr int kFwdLazyRescaleLog2 = 0;/" $f; grep -c "kFwdLazyRescaleLog2 = 0;" $f
+    TAIL=1 step rebuild_lazy0 200 $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/lazy0.so
+    cp /tmp/traits.h $f
+    for r in 1 2; do for v in lazy0 lazy8; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
+      timeout 60 $PY scripts/fwd_ab_cells.py $v 2>&1 | grep FWD
+    done; done > "$OUT/ab_lazy_raw.log"
+    cp /tmp/lazy8.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_lazy_raw.log'), base='lazy0'))" | tee "$OUT/ab_lazy.log" ;;
+  S26B)
+    # Prepared in session 25 (branch s26-tma-store, compile-checked, not GPU-run): the WS
+    # forward's plain kernels write each warpgroup's O tile with one TMA store on dense calls
+    # (FLASH_ATTN_FWD_TMA_O=0: main's 16-byte stores by every thread). bf16 d64 / 128 / 256
+    # build; the suite (incl. test_flash_attn_forward_tma_o_*: bitwise equal to the thread
+    # stores); the run-time A/B (scripts/fwd_tma_o_ab.py, one build, interleaved arms).
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test 200 $PY -m pytest tests -q -x
+    TAIL=30 step tma_o_ab 150 $PY scripts/fwd_tma_o_ab.py ;;
   S25C)
     # Session 25 (run on branch s25-decode-spec, where this part's code lives; not merged): the d128 decode's speculative start: d128 bf16 build;
     # the kvcache tests; A/B against FLASH_ATTN_DECODE_SPEC_START=0, no cache_seqlens and cuDNN.

@@ -203,6 +203,84 @@ def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causa
     assert_lse_close(res["1"][1], lse_ref, sq, sk, causal, window)
 
 
+# The warp-specialised forward's plain kernels write each warpgroup's O tile with one TMA store on
+# dense calls (FLASH_ATTN_FWD_TMA_O, read at each call; =0: 16-byte stores by every thread, the
+# path varlen calls keep). Both write the same values: bitwise equal over the persistent cases
+# (partial last tiles, d < tile, one-row shapes), a head dim 256 case (O staged in the Q tile,
+# released after the store), an out tensor with padded rows (TMA-able strides) and, persistent
+# and not, back-to-back calls into the same buffers.
+TMA_O_CASES = FWD_PERSISTENT_CASES + [
+    (torch.bfloat16, 256, 2, 333, 333, 4, 2, True, (-1, -1)),
+    (torch.float16, 256, 1, 64, 1000, 2, 2, False, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("persistent", ["1", "0"])
+@pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
+                         [pytest.param(*c, id=fwd_case_id(c)) for c in TMA_O_CASES])
+def test_flash_attn_forward_tma_o_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, persistent, monkeypatch):
+    require_config(dtype, d)
+    monkeypatch.setenv("FLASH_ATTN_FWD_WS_PERSISTENT", persistent)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    res = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FLASH_ATTN_FWD_TMA_O", mode)
+        for _ in range(2):
+            out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+        res[mode] = (out, lse)
+    assert not torch.isnan(res["1"][0]).any()
+    assert torch.equal(res["1"][0], res["0"][0]), (res["1"][0] - res["0"][0]).abs().max().item()
+    assert torch.equal(res["1"][1], res["0"][1])
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
+    assert_close_to_ref("out", res["1"][0], out_ref, out_pt, OUT_SLACK)
+
+
+def test_flash_attn_forward_tma_o_strided_out(monkeypatch):
+    """A caller's out with padded rows and heads: the TMA store honours its strides and leaves the
+    padding alone."""
+    require_config(torch.bfloat16, 128)
+    from flash_attn.flash_attn_interface import _ext_for
+    b, s, h, d = 2, 300, 4, 128
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    big = torch.full((b, s, h + 1, d + 64), 7.0, device="cuda", dtype=torch.bfloat16)
+    out = big[:, :, :h, :d]  # row stride (h + 1) (d + 64), head stride d + 64: 16-byte multiples
+    monkeypatch.setenv("FLASH_ATTN_FWD_TMA_O", "0")
+    ref = flash_attn_func(q, k, v, causal=True)
+    monkeypatch.setenv("FLASH_ATTN_FWD_TMA_O", "1")
+    # The binding's fwd(q, k, v, out, softmax_scale, causal, window_left, window_right, softcap,
+    # alibi_slopes, dropout_p, return_softmax) writes into an aligned out in place.
+    _ext_for(q).fwd(q, k, v, out, d ** -0.5, True, -1, 0, 0.0, None, 0.0, False)
+    assert torch.equal(out, ref)
+    assert (big[:, :, h:, :] == 7).all() and (big[:, :, :, d:] == 7).all()
+
+
+# Conditional rescaling (the plain sm_90a forward keeps a row's running max until a tile raises
+# it by more than 2^8 in the exp2 domain; softmax.h): scores that grow towards the keys the kernel
+# visits last (it walks key blocks from the right) make rows both keep a stale max (exponentials
+# up to 256) and adopt a new one, several times per row; outliers of +-40 standard deviations in
+# a few keys make single jumps. Out and LSE against the fp32 reference.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_forward_growing_scores(dtype, d, causal):
+    require_config(dtype, d)
+    b, sq, sk, h = 2, 700, 1500, 4
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    ramp = 1.0 + 5.0 * torch.linspace(1.0, 0.0, sk, device="cuda").view(1, sk, 1, 1)
+    k = (torch.randn(b, sk, h, d, device="cuda") * ramp).to(dtype)
+    k[:, 100] *= 8
+    k[:, 900] *= -8
+    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(lse, lse_ref, sq, sk, causal, (-1, -1))
+
+
 # The d64 warp-specialised forward's two tile shapes, each forced (FLASH_ATTN_FWD_WS_D64_M):
 # 128 x 128 with 2 consumer warpgroups (the default for causal calls up to 1024 queries and keys
 # and for windows of at most 513 keys) and FA3's 192 x 128 with 3 (the default otherwise): the

@@ -37,6 +37,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
+    // The O tile's TMA store is compiled into the plain kernels at d <= 128 only (Traits::kTmaStoreO).
+    constexpr bool kMayTmaO = !kFeat && Traits::kTmaStoreO;
     FwdParams const &params = kp.p;
 
     extern __shared__ __align__(1024) char smem[];
@@ -182,8 +184,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Persistent kernel: every consumer thread arrives once per tile (see above). Where O was
         // staged in Q, our generic-proxy smem accesses must be ordered before the next Q's TMA
         // writes; the early release follows reads by wgmma (async proxy) only.
+        // Without kOwnO the Q tile is O's staging tile: a TMA store of O must have read it before
+        // the producer's next Q load writes it.
         auto release_q = [&]() {
-            if constexpr (!kOwnO) { cutlass::arch::fence_view_async_shared(); }
+            if constexpr (!kOwnO) {
+                cutlass::arch::fence_view_async_shared();
+                fwd_ws_store_drain<kMayTmaO>(kp, wg_tidx);
+            }
             cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
         };
         int valid_tiles = 0;  // barrier_q completes one phase per tile (persistent kernel)
@@ -210,7 +217,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 clear(acc_o);
                 Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
                 fill(lse, INFINITY);
-                fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+                fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
                 if constexpr (kPersistent && !kOwnO) { release_q(); }
                 if constexpr (!kPersistent) { break; }
                 continue;
@@ -257,14 +264,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 // The tile's coordinates again from t: fewer registers held across the main loop.
                 const BlockInfo binfo_epi(params, batch_of(t));
                 const Tile tile_epi = make_tile(t, binfo_epi);
-                fwd_ws_store<Traits>(params, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
+                fwd_ws_store<Traits, kMayTmaO>(kp, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
                                      tile_epi.m_block * kBlockM + wg * kRowsPerWG);
                 if constexpr (!kOwnO) { release_q(); }
             } else {
-                fwd_ws_store<Traits>(params, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+                fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
                 break;
             }
         }
+        fwd_ws_store_drain<kMayTmaO>(kp, wg_tidx);  // the last TMA store has read its tile before the CTA exits
     }
 #endif
 }

@@ -196,6 +196,16 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     constexpr bool kDropout = kFeat && Traits::kDropoutTiles;
     const bool is_dropout = kDropout && params.p_dropout > 0.f;  // a kernel parameter: no register
     constexpr bool kRescaleOBeforePV = Traits::kRescaleOBeforePV && !kFeat;
+    // Conditional rescaling in the plain kernels (the feature kernels keep the exact max: their
+    // dropout / softcap paths are unchanged); O's rescale skipped where no row of the warp moved.
+    constexpr int kLazy = kFeat ? 0 : Traits::kLazyRescaleLog2;
+    auto rescale_o = [&](auto &o, auto const &factors) {
+        if constexpr (kLazy > 0) {
+            softmax.rescale_o_if_moved(o, factors);
+        } else {
+            softmax.rescale_o(o, factors);
+        }
+    };
 
     typename Traits::TiledMmaQK tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
@@ -318,7 +328,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         pipeline_k.consumer_wait(state_k);
         fwd_ws_sched_sync(wg);
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s_next);
-        if constexpr (kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
+        if constexpr (kRescaleOBeforePV) { rescale_o(acc_o, rescale); }
         pipeline_v.consumer_wait(state_v);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
@@ -330,7 +340,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         ++state_k;
         if (t == n_blocks - 1) { q_done(); }
         mask_tile(acc_s_next, n_block);
-        rescale = softmax.template update_scores</*kFirst=*/false>(acc_s_next, params.scale_softmax_log2);
+        rescale = softmax.template update_scores</*kFirst=*/false, kLazy>(acc_s_next, params.scale_softmax_log2);
         // Measured (session 20): plain d128 / d256 forward +2-9%; the feature kernels 3-6% slower
         // and the plain d64 one 0-4% slower (MUFU-bound there), so only the plain d >= 128 kernels.
         if constexpr (!kFeat && Traits::kHeadDim >= 128) {
@@ -340,14 +350,14 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         warpgroup_fence_operand(acc_o);
         pipeline_v.consumer_release(state_v);
         ++state_v;
-        if constexpr (!kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
+        if constexpr (!kRescaleOBeforePV) { rescale_o(acc_o, rescale); }
         Tensor converted = convert_type<Element>(acc_s_next);
         cute::copy(converted, rP);
         apply_dropout(rP, n_block);
     }
 
     // Last P V (outside the pingpong turns).
-    if constexpr (kRescaleOBeforePV) { softmax.rescale_o(acc_o, rescale); }
+    if constexpr (kRescaleOBeforePV) { rescale_o(acc_o, rescale); }
     pipeline_v.consumer_wait(state_v);
     if (n_blocks == 1 && v_rows_valid < kBlockN) { zero_v_tail(state_v.index()); }
     {

@@ -28,6 +28,9 @@ enum class FwdWsBarrier : uint32_t {
     kEpiWG0 = 3,
 };
 
+// See FwdWsTraitsSm90::kLazyRescaleLog2 (sed by PART=S26C).
+constexpr int kFwdLazyRescaleLog2 = 8;
+
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
 struct FwdWsTraitsSm90 {
     using Element = Element_;
@@ -52,6 +55,14 @@ struct FwdWsTraitsSm90 {
     // d128 1-2.5% slower, the feature kernels mixed (d256 dropout -4%, ALiBi +2%): plain d256 only
     // (the mainloop's kFeat keeps the feature kernels on the other placement).
     static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
+    // The plain kernels' conditional rescaling (OnlineSoftmax::update_scores kLazyLog2; 0 = every
+    // tile rescales O as soon as a row max moves). Measured (session 26, PART=S26C, two-.so A/B):
+    // d128 +1-9%, d256 +3-13% (largest at 8k), d64 2-5% slower (its O rescale is only 32 FMULs
+    // per tile and the vote costs more than it saves): d >= 128 only.
+    static constexpr int kLazyRescaleLog2 = kHeadDim >= 128 ? kFwdLazyRescaleLog2 : 0;
+    // The plain kernels' TMA store of O (see fwd_ws_store). Measured (session 26, run-time A/B):
+    // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
+    static constexpr bool kTmaStoreO = kHeadDim <= 128;
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
@@ -70,11 +81,17 @@ struct FwdWsTraitsSm90 {
     using SmemLayoutVt = decltype(composition(
         SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
-    // Epilogue, per consumer warpgroup: O (64, d) through the FA2-style swizzled tile (in the
-    // warpgroup's own Q tile, which no GEMM reads any more) and 16-byte stores by 128 threads.
+    // Epilogue, per consumer warpgroup: O (64, d) staged in shared memory (the warpgroup's own Q
+    // tile, which no GEMM reads any more, or its own buffer: kPersistentOwnO), then either one TMA
+    // store (plain kernels on dense calls, params.fwd_tma_o), staged in the Q tile's layout
+    // (SmemLayoutOTma: the TMA's 128-byte swizzle), or 16-byte stores by 128 threads from the
+    // FA2-style swizzled tile (SmemLayoutO; varlen calls, whose tiles' rows past the sequence
+    // belong to the next one while the TMA clips only at the packed tensor's end, and the feature
+    // kernels, where the layout change alone made d256 spill 108 B).
     using EpiBase = KernelTraitsBase<kHeadDim, kRowsPerWG, kBlockN, 4, Element>;
     using SmemLayoutO = decltype(tile_to_shape(typename EpiBase::SmemLayoutAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}));
     static_assert(cosize(SmemLayoutO{}) <= cosize(SmemLayoutQTile{}));
+    using SmemLayoutOTma = SmemLayoutQTile;
 
     // Global tensors as the TMA sees them: (rows, d, heads, batch), d contiguous. Dense: rows =
     // seqlen, batch = b. Varlen: rows = total rows of the packed tensor, batch = 1.
@@ -85,6 +102,9 @@ struct FwdWsTraitsSm90 {
                                         Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, _1{}));
     using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
                                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+    using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element *>(nullptr)), GmemShape{}, GmemStride{}));
+    using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutOTma{},
+                                        Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, _1{}));
     static constexpr uint32_t kQTileBytes = kRowsPerWG * kHeadDim * sizeof(Element);
     static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
 
@@ -149,7 +169,11 @@ struct FwdWsKernelParams {
     typename Traits::TmaQ tma_q;
     typename Traits::TmaKV tma_k;
     typename Traits::TmaKV tma_v;
+    // O (shape_q): the epilogue's TMA store where o_tma (dense calls with TMA-able strides and
+    // params.fwd_tma_o); otherwise built over Q and unused.
+    typename Traits::TmaO tma_o;
     typename Traits::GmemShape shape_q, shape_k;
+    bool o_tma;
 };
 
 }  // namespace flash

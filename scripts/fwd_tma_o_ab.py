@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""A/B of the forward epilogue's TMA store of O (branch s26-tma-store): FLASH_ATTN_FWD_TMA_O=0
+(16-byte stores by every consumer thread from the staged tile, main's epilogue) against the
+default (one TMA store per warpgroup tile). bf16, 16k tokens, hidden 2048, d64 / d128 / d256 as
+built, non-causal and causal, seqlen 512 .. 8k; the arms interleaved over 3 rounds, medians.
+
+    python scripts/fwd_tma_o_ab.py
+"""
+import os
+import statistics
+
+import torch
+from triton.testing import do_bench
+
+from flash_attn import flash_attn_func
+
+import flash_attn._C as ext
+
+print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+ratios = []
+for d in (64, 128, 256):
+    if ("bf16", d) not in {tuple(c) for c in ext.built_configs()}:
+        continue
+    for causal in (False, True):
+        for s in (512, 1024, 2048, 8192):
+            b, h = 16384 // s, 2048 // d
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            times = {"0": [], "1": []}
+            for _ in range(3):
+                for arm in ("0", "1"):
+                    os.environ["FLASH_ATTN_FWD_TMA_O"] = arm
+                    times[arm].append(do_bench(lambda: flash_attn_func(q, k, v, causal=causal), warmup=25, rep=100))
+            os.environ.pop("FLASH_ATTN_FWD_TMA_O")
+            old, new = (statistics.median(times[a]) for a in ("0", "1"))
+            ratios.append(old / new)
+            print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} threads {flops / old * 1e-9:6.1f}  "
+                  f"TMA {flops / new * 1e-9:6.1f} TFLOP/s  ({old / new:.3f}x, {(old - new) * 1e3:+.1f} us)", flush=True)
+print(f"geo-mean threads / TMA time: {statistics.geometric_mean(ratios):.4f}x (> 1: TMA faster)", flush=True)
