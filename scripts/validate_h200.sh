@@ -306,7 +306,7 @@ case ${PART:-A} in
     export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
     build
     so=$(ls flash_attn/_C*.so); cp "$so" /tmp/lazy8.so
-    TAIL=3 step test 150 $PY -m pytest tests -q -x
+    TAIL=3 step test 120 $PY -m pytest tests -q -x -k "alibi or softcap or dropout or growing"
     TAIL=30 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 128,256 --out /tmp/feat
     f=csrc/hopper/kernel_traits_fwd_ws_sm90.h; cp $f /tmp/traits.h
     sed -i "s/^constexpr int kFwdLazyRescaleLog2Feat = .*;/constexpr int kFwdLazyRescaleLog2Feat = 0;/" $f; grep -c "kFwdLazyRescaleLog2Feat = 0;" $f
