@@ -44,6 +44,7 @@
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S26F bash scripts/validate_h200.sh # branch s26-feat-lazy: conditional rescaling in the d128/256 feature forwards; suite; two-.so A/B
 #   PART=S26C bash scripts/validate_h200.sh # branch s26-fwd-next: TMA store of O (run-time A/B) + conditional rescaling (two-.so A/B)
 #   PART=S26B bash scripts/validate_h200.sh # branch s26-tma-store: TMA store of the forward O tile; suite; run-time A/B
 #   PART=S25D bash scripts/validate_h200.sh # final: full build; suite; grid (then S23E)
@@ -298,6 +299,24 @@ case ${PART:-A} in
     done; done > "$OUT/ab_bound_raw.log"
     cp /tmp/nobound.so "$so"
     $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S26F)
+    # Session 26 (branch s26-feat-lazy): the softcap / ALiBi / dropout forwards at d >= 128 take
+    # the plain kernels' conditional rescaling too (kFwdLazyRescaleLog2Feat = 8; main = 0, rebuilt
+    # by sed for the two-.so A/B). bf16 d128 / 256 build; the suite; A/B; feature costs.
+    export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
+    build
+    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/lazy8.so
+    TAIL=3 step test 120 $PY -m pytest tests -q -x -k "alibi or softcap or dropout or growing"
+    TAIL=30 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 128,256 --out /tmp/feat
+    f=csrc/hopper/kernel_traits_fwd_ws_sm90.h; cp $f /tmp/traits.h
+    sed -i "s/^constexpr int kFwdLazyRescaleLog2Feat = .*;/constexpr int kFwdLazyRescaleLog2Feat = 0;/" $f; grep -c "kFwdLazyRescaleLog2Feat = 0;" $f
+    TAIL=1 step rebuild_lazy0 150 $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/lazy0.so
+    cp /tmp/traits.h $f
+    for r in 1 2; do for v in lazy0 lazy8; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
+      timeout 50 $PY scripts/feat_ab_cells.py $v 2>&1 | grep FWD
+    done; done > "$OUT/ab_lazy_raw.log"
+    cp /tmp/lazy8.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_lazy_raw.log'), base='lazy0'))" | tee "$OUT/ab_lazy.log" ;;
   S26C)
     # Prepared in session 25 (branch s26-fwd-next = s26-tma-store + conditional rescaling,
     # compile-checked, not GPU-run): (1) the forward's TMA store of O (run-time switch

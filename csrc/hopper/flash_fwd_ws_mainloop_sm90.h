@@ -196,9 +196,10 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     constexpr bool kDropout = kFeat && Traits::kDropoutTiles;
     const bool is_dropout = kDropout && params.p_dropout > 0.f;  // a kernel parameter: no register
     constexpr bool kRescaleOBeforePV = Traits::kRescaleOBeforePV && !kFeat;
-    // Conditional rescaling in the plain kernels (the feature kernels keep the exact max: their
-    // dropout / softcap paths are unchanged); O's rescale skipped where no row of the warp moved.
-    constexpr int kLazy = kFeat ? 0 : Traits::kLazyRescaleLog2;
+    // Conditional rescaling (see OnlineSoftmax::update_scores); O's rescale skipped where no row of
+    // the warp moved. Softcap bounds the scores and ALiBi only shifts them; dropout zeroes P after
+    // the row sum is taken, so a stale max changes none of them.
+    constexpr int kLazy = kFeat ? Traits::kLazyRescaleLog2Feat : Traits::kLazyRescaleLog2;
     auto rescale_o = [&](auto &o, auto const &factors) {
         if constexpr (kLazy > 0) {
             softmax.rescale_o_if_moved(o, factors);

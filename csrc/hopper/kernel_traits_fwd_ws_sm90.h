@@ -30,6 +30,8 @@ enum class FwdWsBarrier : uint32_t {
 
 // See FwdWsTraitsSm90::kLazyRescaleLog2 (sed by PART=S26C).
 constexpr int kFwdLazyRescaleLog2 = 8;
+// The same for the softcap / ALiBi / dropout kernels (sed by PART=S26F).
+constexpr int kFwdLazyRescaleLog2Feat = 8;
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
 struct FwdWsTraitsSm90 {
@@ -60,6 +62,7 @@ struct FwdWsTraitsSm90 {
     // d128 +1-9%, d256 +3-13% (largest at 8k), d64 2-5% slower (its O rescale is only 32 FMULs
     // per tile and the vote costs more than it saves): d >= 128 only.
     static constexpr int kLazyRescaleLog2 = kHeadDim >= 128 ? kFwdLazyRescaleLog2 : 0;
+    static constexpr int kLazyRescaleLog2Feat = kHeadDim >= 128 ? kFwdLazyRescaleLog2Feat : 0;
     // The plain kernels' TMA store of O (see fwd_ws_store). Measured (session 26, run-time A/B):
     // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
     static constexpr bool kTmaStoreO = kHeadDim <= 128;
