@@ -8,14 +8,16 @@ stream). bf16, 16k tokens, hidden 2048; the arms interleaved over 3 rounds, medi
 """
 import os
 import statistics
+import sys
 
 import torch
-from triton.testing import do_bench
 
+import flash_attn._C as ext
 from flash_attn import flash_attn_func
 from flash_attn.flash_attn_interface import flash_attn_varlen_func
 
-import flash_attn._C as ext
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check_common import interleaved_env_medians  # noqa: E402
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 ratios = []
@@ -26,13 +28,8 @@ for d in (64, 128, 256):
         for s in (512, 1024, 2048, 8192):
             b, h = 16384 // s, 2048 // d
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            times = {"1": [], "0": []}
-            for _ in range(3):
-                for fill in ("1", "0"):
-                    os.environ["FLASH_ATTN_FWD_ZERO_FILL"] = fill
-                    times[fill].append(do_bench(lambda: flash_attn_func(q, k, v, causal=causal), warmup=25, rep=100))
-            os.environ.pop("FLASH_ATTN_FWD_ZERO_FILL")
-            old, new = (statistics.median(times[f]) * 1e3 for f in ("1", "0"))
+            old, new = (t * 1e3 for t in interleaved_env_medians(
+                "FLASH_ATTN_FWD_ZERO_FILL", ("1", "0"), lambda: flash_attn_func(q, k, v, causal=causal)))
             ratios.append(old / new)
             print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} fill {old:8.1f} us  no fill {new:8.1f} us  "
                   f"({old / new:.3f}x, {old - new:+.1f} us)", flush=True)
@@ -40,14 +37,9 @@ for d in (64, 128, 256):
 lens = [293, 1024, 3774, 2048, 512, 4096, 1800, 2835]
 cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
 q, k, v = (torch.randn(sum(lens), 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-times = {"1": [], "0": []}
-for _ in range(3):
-    for fill in ("1", "0"):
-        os.environ["FLASH_ATTN_FWD_ZERO_FILL"] = fill
-        times[fill].append(do_bench(lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True),
-                                    warmup=25, rep=100))
-os.environ.pop("FLASH_ATTN_FWD_ZERO_FILL")
-old, new = (statistics.median(times[f]) * 1e3 for f in ("1", "0"))
+old, new = (t * 1e3 for t in interleaved_env_medians(
+    "FLASH_ATTN_FWD_ZERO_FILL", ("1", "0"),
+    lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)))
 print(f"varlen d128 causal fill {old:8.1f} us  no fill {new:8.1f} us  ({old / new:.3f}x)", flush=True)
 print(f"geo-mean fill / no fill over the dense cells: "
       f"{statistics.geometric_mean(ratios):.4f}x (> 1: no fill faster)", flush=True)

@@ -8,13 +8,15 @@ built, non-causal and causal, seqlen 512 .. 8k; the arms interleaved over 3 roun
 """
 import os
 import statistics
+import sys
 
 import torch
-from triton.testing import do_bench
-
-from flash_attn import flash_attn_func
 
 import flash_attn._C as ext
+from flash_attn import flash_attn_func
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check_common import interleaved_env_medians  # noqa: E402
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 ratios = []
@@ -26,13 +28,8 @@ for d in (64, 128, 256):
             b, h = 16384 // s, 2048 // d
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
-            times = {"0": [], "1": []}
-            for _ in range(3):
-                for arm in ("0", "1"):
-                    os.environ["FLASH_ATTN_FWD_TMA_O"] = arm
-                    times[arm].append(do_bench(lambda: flash_attn_func(q, k, v, causal=causal), warmup=25, rep=100))
-            os.environ.pop("FLASH_ATTN_FWD_TMA_O")
-            old, new = (statistics.median(times[a]) for a in ("0", "1"))
+            old, new = interleaved_env_medians("FLASH_ATTN_FWD_TMA_O", ("0", "1"),
+                                               lambda: flash_attn_func(q, k, v, causal=causal))
             ratios.append(old / new)
             print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} threads {flops / old * 1e-9:6.1f}  "
                   f"TMA {flops / new * 1e-9:6.1f} TFLOP/s  ({old / new:.3f}x, {(old - new) * 1e3:+.1f} us)", flush=True)

@@ -6,7 +6,8 @@ hangs (a wrong barrier or counter order) shows up as a FAIL line instead of stop
 check; the script re-runs itself with `--case i`.
 
 env_set: a context manager that sets environment variables (the kernels' run-time switches, read
-by the binding at each call) and restores them after.
+by the binding at each call) and restores them after; interleaved_env_medians: do_bench medians of
+one call under each value of such a switch, the arms interleaved (scripts/fwd_*_ab.py).
 
 check_main: the command line shared by those scripts ([--no-bench] [--bench-only] [--timeout s],
 `--case i` for the per-process runs, plus the script's own options).
@@ -60,6 +61,20 @@ def env_set(env):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def interleaved_env_medians(var, arms, fn, rounds=3):
+    """Median do_bench time (ms) of fn under each value in `arms` of the run-time switch `var` (read
+    by the binding at each call), the arms interleaved over `rounds`; one median per arm."""
+    import statistics
+
+    from triton.testing import do_bench
+    times = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        for arm in arms:
+            with env_set({var: arm}):
+                times[arm].append(do_bench(fn, warmup=25, rep=100))
+    return [statistics.median(times[arm]) for arm in arms]
 
 
 def run_cases_in_processes(script, cases, timeout, label_width=60):

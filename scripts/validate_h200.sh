@@ -95,6 +95,20 @@ build() { step build 420 env FLASH_ATTN_PTXAS_VERBOSE=1 $PY -m pip install --no-
           grep -E "spill stores" "$OUT/build.log" | grep -v " 0 bytes spill stores" | sort | uniq -c | head -8
           grep -E "C75[0-9][0-9]" "$OUT/build.log" | sort | uniq -c | head -4; }  # wgmma serialisation
 built() { $PY -c "import flash_attn._C" 2>/dev/null; }
+# Two-.so A/B of one `constexpr int NAME = ...;` of the WS forward's traits header: the built .so
+# is arm "lazy8" (HEAD's value), NAME sed'ed to 0 and rebuilt is arm "lazy0"; the bench script
+# (FWD lines, one argument: the arm) runs twice per arm, interleaved; the table goes to
+# $OUT/ab_lazy.log (S26C, S26F). Usage: traits_zero_ab NAME SCRIPT REBUILD_S BENCH_S
+traits_zero_ab() { local name=$1 script=$2 t_build=$3 t_bench=$4 f=csrc/hopper/kernel_traits_fwd_ws_sm90.h
+    local so; so=$(ls flash_attn/_C*.so); cp "$so" /tmp/lazy8.so; cp $f /tmp/traits.h
+    sed -i "s/^constexpr int $name = .*;/constexpr int $name = 0;/" $f; grep -c "$name = 0;" $f
+    TAIL=1 step rebuild_lazy0 "$t_build" $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/lazy0.so
+    cp /tmp/traits.h $f
+    for r in 1 2; do for v in lazy0 lazy8; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
+      timeout "$t_bench" $PY "$script" $v 2>&1 | grep FWD
+    done; done > "$OUT/ab_lazy_raw.log"
+    cp /tmp/lazy8.so "$so"
+    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_lazy_raw.log'), base='lazy0'))" | tee "$OUT/ab_lazy.log"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 case ${PART:-A} in
   A)
@@ -305,18 +319,9 @@ case ${PART:-A} in
     # by sed for the two-.so A/B). bf16 d128 / 256 build; the suite; A/B; feature costs.
     export FLASH_ATTN_HEAD_DIMS=128,256 FLASH_ATTN_DTYPES=bf16
     build
-    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/lazy8.so
     TAIL=3 step test 120 $PY -m pytest tests -q -x -k "alibi or softcap or dropout or growing"
     TAIL=30 step features 40 $PY benchmarks/benchmark_attn.py --features --headdims 128,256 --out /tmp/feat
-    f=csrc/hopper/kernel_traits_fwd_ws_sm90.h; cp $f /tmp/traits.h
-    sed -i "s/^constexpr int kFwdLazyRescaleLog2Feat = .*;/constexpr int kFwdLazyRescaleLog2Feat = 0;/" $f; grep -c "kFwdLazyRescaleLog2Feat = 0;" $f
-    TAIL=1 step rebuild_lazy0 150 $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/lazy0.so
-    cp /tmp/traits.h $f
-    for r in 1 2; do for v in lazy0 lazy8; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
-      timeout 50 $PY scripts/feat_ab_cells.py $v 2>&1 | grep FWD
-    done; done > "$OUT/ab_lazy_raw.log"
-    cp /tmp/lazy8.so "$so"
-    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_lazy_raw.log'), base='lazy0'))" | tee "$OUT/ab_lazy.log" ;;
+    traits_zero_ab kFwdLazyRescaleLog2Feat scripts/feat_ab_cells.py 150 50 ;;
   S26C)
     # Prepared in session 25 (branch s26-fwd-next = s26-tma-store + conditional rescaling,
     # compile-checked, not GPU-run): (1) the forward's TMA store of O (run-time switch
@@ -325,18 +330,9 @@ case ${PART:-A} in
     # (kFwdLazyRescaleLog2 = 8; main's behaviour = 0, rebuilt by sed for the two-.so A/B).
     export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
     build
-    so=$(ls flash_attn/_C*.so); cp "$so" /tmp/lazy8.so
     TAIL=3 step test 200 $PY -m pytest tests -q -x
     TAIL=26 step tma_o_ab 120 $PY scripts/fwd_tma_o_ab.py
-    f=csrc/hopper/kernel_traits_fwd_ws_sm90.h; cp $f /tmp/traits.h
-    sed -i "s/^constexpr int kFwdLazyRescaleLog2 = .*;/constexpr int kFwdLazyRescaleLog2 = 0;/" $f; grep -c "kFwdLazyRescaleLog2 = 0;" $f
-    TAIL=1 step rebuild_lazy0 200 $PY -m pip install --no-build-isolation --no-deps -e . && cp "$so" /tmp/lazy0.so
-    cp /tmp/traits.h $f
-    for r in 1 2; do for v in lazy0 lazy8; do [ -f /tmp/$v.so ] || continue; cp /tmp/$v.so "$so"
-      timeout 60 $PY scripts/fwd_ab_cells.py $v 2>&1 | grep FWD
-    done; done > "$OUT/ab_lazy_raw.log"
-    cp /tmp/lazy8.so "$so"
-    $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_lazy_raw.log'), base='lazy0'))" | tee "$OUT/ab_lazy.log" ;;
+    traits_zero_ab kFwdLazyRescaleLog2 scripts/fwd_ab_cells.py 200 60 ;;
   S26B)
     # Prepared in session 25 (branch s26-tma-store, compile-checked, not GPU-run): the WS
     # forward's plain kernels write each warpgroup's O tile with one TMA store on dense calls

@@ -182,25 +182,44 @@ def fwd_case_id(c):
             f"{'-causal' if c[7] else ''}-w{c[8][0]},{c[8][1]}")
 
 
+def _random_fwd_inputs(dtype, d, b, sq, sk, h, hk):
+    """Fresh q (b, sq, h, d) and k, v (b, sk, hk, d)."""
+    return (torch.randn(b, sq, h, d, device="cuda", dtype=dtype),
+            torch.randn(b, sk, hk, d, device="cuda", dtype=dtype),
+            torch.randn(b, sk, hk, d, device="cuda", dtype=dtype))
+
+
+def _check_fwd_against_ref(q, k, v, out, lse, causal, window):
+    """Out (2x rule) and LSE of one forward against the fp32 reference."""
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
+    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
+    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
+    assert_lse_close(lse, lse_ref, q.shape[1], k.shape[1], causal, window)
+
+
+def _fwd_env_modes_bitwise(var, modes, q, k, v, causal, window, monkeypatch, calls=1):
+    """The forward under each value of the run-time switch `var` (the last of `calls` back-to-back
+    calls each): out and LSE bitwise equal across the modes, no NaN; returns the first mode's."""
+    res = {}
+    for mode in modes:
+        monkeypatch.setenv(var, mode)
+        for _ in range(calls):
+            out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+        res[mode] = (out, lse)
+    first, other = res[modes[0]], res[modes[1]]
+    assert not torch.isnan(first[0]).any()
+    assert torch.equal(first[0], other[0]), (first[0] - other[0]).abs().max().item()
+    assert torch.equal(first[1], other[1])
+    return first
+
+
 @pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
                          [pytest.param(*c, id=fwd_case_id(c)) for c in FWD_PERSISTENT_CASES])
 def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, monkeypatch):
     require_config(dtype, d)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    res = {}
-    for mode in ("1", "0"):
-        monkeypatch.setenv("FLASH_ATTN_FWD_WS_PERSISTENT", mode)
-        out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
-        res[mode] = (out, lse)
-    assert not torch.isnan(res["1"][0]).any()
-    assert torch.equal(res["1"][0], res["0"][0]), (res["1"][0] - res["0"][0]).abs().max().item()
-    assert torch.equal(res["1"][1], res["0"][1])
-    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
-    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
-    assert_close_to_ref("out", res["1"][0], out_ref, out_pt, OUT_SLACK)
-    assert_lse_close(res["1"][1], lse_ref, sq, sk, causal, window)
+    q, k, v = _random_fwd_inputs(dtype, d, b, sq, sk, h, hk)
+    out, lse = _fwd_env_modes_bitwise("FLASH_ATTN_FWD_WS_PERSISTENT", ("1", "0"), q, k, v, causal, window, monkeypatch)
+    _check_fwd_against_ref(q, k, v, out, lse, causal, window)
 
 
 # The warp-specialised forward's plain kernels write each warpgroup's O tile with one TMA store on
@@ -221,21 +240,9 @@ TMA_O_CASES = FWD_PERSISTENT_CASES + [
 def test_flash_attn_forward_tma_o_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, persistent, monkeypatch):
     require_config(dtype, d)
     monkeypatch.setenv("FLASH_ATTN_FWD_WS_PERSISTENT", persistent)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    res = {}
-    for mode in ("0", "1"):
-        monkeypatch.setenv("FLASH_ATTN_FWD_TMA_O", mode)
-        for _ in range(2):
-            out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
-        res[mode] = (out, lse)
-    assert not torch.isnan(res["1"][0]).any()
-    assert torch.equal(res["1"][0], res["0"][0]), (res["1"][0] - res["0"][0]).abs().max().item()
-    assert torch.equal(res["1"][1], res["0"][1])
-    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
-    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
-    assert_close_to_ref("out", res["1"][0], out_ref, out_pt, OUT_SLACK)
+    q, k, v = _random_fwd_inputs(dtype, d, b, sq, sk, h, hk)
+    out, lse = _fwd_env_modes_bitwise("FLASH_ATTN_FWD_TMA_O", ("1", "0"), q, k, v, causal, window, monkeypatch, calls=2)
+    _check_fwd_against_ref(q, k, v, out, lse, causal, window)
 
 
 def test_flash_attn_forward_tma_o_strided_out(monkeypatch):
@@ -300,14 +307,9 @@ D64_TILE_CASES = [c for c in FWD_PERSISTENT_CASES if c[1] <= 64] + [
 def test_flash_attn_forward_d64_tile_rows(dtype, d, b, sq, sk, h, hk, causal, window, rows, monkeypatch):
     require_config(dtype, d)
     monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", rows)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    q, k, v = _random_fwd_inputs(dtype, d, b, sq, sk, h, hk)
     out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
-    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window_size=window, upcast=True)
-    out_pt, _ = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False)
-    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
-    assert_lse_close(lse, lse_ref, sq, sk, causal, window)
+    _check_fwd_against_ref(q, k, v, out, lse, causal, window)
 
 
 def test_flash_attn_forward_d64_tile_rows_rejects_unknown(monkeypatch):
