@@ -12,27 +12,20 @@ import sys
 
 import torch
 
-import flash_attn._C as ext
 from flash_attn import flash_attn_func
 from flash_attn.flash_attn_interface import flash_attn_varlen_func
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check_common import interleaved_env_medians  # noqa: E402
+from gpu_check_common import grid_fwd_cells, interleaved_env_medians  # noqa: E402
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 ratios = []
-for d in (64, 128, 256):
-    if ("bf16", d) not in {tuple(c) for c in ext.built_configs()}:
-        continue
-    for causal in (False, True):
-        for s in (512, 1024, 2048, 8192):
-            b, h = 16384 // s, 2048 // d
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            old, new = (t * 1e3 for t in interleaved_env_medians(
-                "FLASH_ATTN_FWD_ZERO_FILL", ("1", "0"), lambda: flash_attn_func(q, k, v, causal=causal)))
-            ratios.append(old / new)
-            print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} fill {old:8.1f} us  no fill {new:8.1f} us  "
-                  f"({old / new:.3f}x, {old - new:+.1f} us)", flush=True)
+for d, causal, s, _, q, k, v in grid_fwd_cells():
+    old, new = (t * 1e3 for t in interleaved_env_medians(
+        "FLASH_ATTN_FWD_ZERO_FILL", ("1", "0"), lambda: flash_attn_func(q, k, v, causal=causal)))
+    ratios.append(old / new)
+    print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} fill {old:8.1f} us  no fill {new:8.1f} us  "
+          f"({old / new:.3f}x, {old - new:+.1f} us)", flush=True)
 # Varlen (always the dynamic order): 8 sequences of 293..3774 tokens, d128, causal.
 lens = [293, 1024, 3774, 2048, 512, 4096, 1800, 2835]
 cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)

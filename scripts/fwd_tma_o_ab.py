@@ -12,25 +12,16 @@ import sys
 
 import torch
 
-import flash_attn._C as ext
 from flash_attn import flash_attn_func
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check_common import interleaved_env_medians  # noqa: E402
+from gpu_check_common import grid_fwd_cells, interleaved_env_medians  # noqa: E402
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 ratios = []
-for d in (64, 128, 256):
-    if ("bf16", d) not in {tuple(c) for c in ext.built_configs()}:
-        continue
-    for causal in (False, True):
-        for s in (512, 1024, 2048, 8192):
-            b, h = 16384 // s, 2048 // d
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            flops = 4 * b * h * s * s * d / (2 if causal else 1)
-            old, new = interleaved_env_medians("FLASH_ATTN_FWD_TMA_O", ("0", "1"),
-                                               lambda: flash_attn_func(q, k, v, causal=causal))
-            ratios.append(old / new)
-            print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} threads {flops / old * 1e-9:6.1f}  "
-                  f"TMA {flops / new * 1e-9:6.1f} TFLOP/s  ({old / new:.3f}x, {(old - new) * 1e3:+.1f} us)", flush=True)
+for d, causal, s, flops, q, k, v in grid_fwd_cells():
+    old, new = interleaved_env_medians("FLASH_ATTN_FWD_TMA_O", ("0", "1"), lambda: flash_attn_func(q, k, v, causal=causal))
+    ratios.append(old / new)
+    print(f"d{d:<3} {'causal' if causal else 'full  '} s{s:<5} threads {flops / old * 1e-9:6.1f}  "
+          f"TMA {flops / new * 1e-9:6.1f} TFLOP/s  ({old / new:.3f}x, {(old - new) * 1e3:+.1f} us)", flush=True)
 print(f"geo-mean threads / TMA time: {statistics.geometric_mean(ratios):.4f}x (> 1: TMA faster)", flush=True)

@@ -77,6 +77,23 @@ def interleaved_env_medians(var, arms, fn, rounds=3):
     return [statistics.median(times[arm]) for arm in arms]
 
 
+def grid_fwd_cells(head_dims=(64, 128, 256), seqlens=(512, 1024, 2048, 8192)):
+    """The standard grid's forward cells for A/B scripts: (d, causal, seqlen, flops, q, k, v) with
+    fresh bf16 inputs (16k tokens, hidden 2048), for the head dims built for bf16."""
+    import torch
+
+    import flash_attn._C as ext
+    built = {tuple(c) for c in ext.built_configs()}
+    for d in head_dims:
+        if ("bf16", d) not in built:
+            continue
+        for causal in (False, True):
+            for s in seqlens:
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                yield d, causal, s, 4 * b * h * s * s * d / (2 if causal else 1), q, k, v
+
+
 def run_cases_in_processes(script, cases, timeout, label_width=60):
     failed = 0
     for i, case in enumerate(cases):
