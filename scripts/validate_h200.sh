@@ -44,6 +44,7 @@
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S27A bash scripts/validate_h200.sh # d64/128/256 bf16 build; SM clock + power per forward cell, ours vs cuDNN (clock_probe.py)
 #   PART=S26F bash scripts/validate_h200.sh # branch s26-feat-lazy: conditional rescaling in the d128/256 feature forwards; suite; two-.so A/B
 #   PART=S26C bash scripts/validate_h200.sh # branch s26-fwd-next: TMA store of O (run-time A/B) + conditional rescaling (two-.so A/B)
 #   PART=S26B bash scripts/validate_h200.sh # branch s26-tma-store: TMA store of the forward O tile; suite; run-time A/B
@@ -313,6 +314,14 @@ case ${PART:-A} in
     done; done > "$OUT/ab_bound_raw.log"
     cp /tmp/nobound.so "$so"
     $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S27A)
+    # Prepared in session 26 (not GPU-run): is the long d >= 128 forward power-capped? The
+    # conditional rescaling gained more at 8k than its FMULs explain. SM clock and board power
+    # sampled by nvidia-smi while each cell loops (~1.5 s), ours and cuDNN (~2 min). Works on any
+    # build (a full one from S25D too: `built ||`).
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    built || build
+    TAIL=40 step clock_probe 200 $PY scripts/clock_probe.py ;;
   S26F)
     # Session 26 (branch s26-feat-lazy): the softcap / ALiBi / dropout forwards at d >= 128 take
     # the plain kernels' conditional rescaling too (kFwdLazyRescaleLog2Feat = 8; main = 0, rebuilt

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""SM clock and board power while one forward runs back to back (session 26's question: do the
+long d >= 128 forwards run power-capped, so that instructions saved per tile also raise the
+clock?). For each cell (bf16, 16k tokens, hidden 2048, seqlen 8k / 512, causal off / on; ours and
+SDPA's cuDNN backend) the call loops for ~1.5 s while `nvidia-smi` samples clocks.sm and
+power.draw every 50 ms; prints the median SM clock, median power and the TFLOP/s of the loop.
+
+    python scripts/clock_probe.py [--head-dims 64,128,256] [--seconds 1.5]
+"""
+import argparse
+import statistics
+import subprocess
+import time
+
+import torch
+import torch.nn.functional as F
+
+from flash_attn import flash_attn_func
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--head-dims", default="64,128,256")
+parser.add_argument("--seconds", type=float, default=1.5)
+args = parser.parse_args()
+
+
+def sample_while(fn, seconds):
+    """Run fn back to back for `seconds` under an nvidia-smi sampler; (clock MHz, watts, ms per call)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    calls, t0 = 0, time.perf_counter()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            fn()
+        calls += 10
+        torch.cuda.synchronize()
+    end.record()
+    end.synchronize()
+    smi.terminate()
+    out, _ = smi.communicate()
+    rows = [line.split(",") for line in out.strip().splitlines() if line.count(",") == 1]
+    clocks = [float(r[0]) for r in rows[2:]]  # the first samples may precede the loop
+    watts = [float(r[1]) for r in rows[2:]]
+    return statistics.median(clocks), statistics.median(watts), start.elapsed_time(end) / calls
+
+
+def cudnn_fwd(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+
+print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+print(f"{'cell':<24} {'impl':<6} {'SM MHz':>7} {'W':>6} {'TFLOP/s':>8}")
+with torch.no_grad():
+    for d in (int(x) for x in args.head_dims.split(",")):
+        for s in (8192, 512):
+            for causal in (False, True):
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                for impl, fn in (("ours", lambda: flash_attn_func(q, k, v, causal=causal)),
+                                 ("cudnn", lambda: cudnn_fwd(q, k, v, causal))):
+                    try:
+                        mhz, watts, ms = sample_while(fn, args.seconds)
+                    except Exception as exc:  # noqa: BLE001 (a refused backend is a row, not a stop)
+                        print(f"d{d} s{s} {'causal' if causal else 'full'}: {impl} n/a ({type(exc).__name__})")
+                        continue
+                    cell = f"d{d} s{s} {'causal' if causal else 'full'}"
+                    print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {flops / ms * 1e-9:8.1f}", flush=True)
