@@ -46,8 +46,8 @@ __forceinline__ __device__ void fwd_ws_store_threads(FwdParams const &params, Bl
     copy_tile</*kClearOOB=*/false>(gmem_copy, tR, tG, tC, pred, rows_left);
 }
 
-// kMayTma: the TMA path is compiled in (the plain kernels; the feature kernels, which spilled
-// 20-100 B with both paths, keep the per-thread stores and the launcher sets kp.o_tma false).
+// kMayTma: the TMA path is compiled in (Traits::kTmaStoreOFor; elsewhere the launcher sets
+// kp.o_tma false).
 template <bool kMayTma, typename Traits>
 __forceinline__ __device__ void fwd_ws_store_drain(FwdWsKernelParams<Traits> const &kp, int wg_tidx) {
     if constexpr (kMayTma) {
@@ -115,6 +115,5 @@ __forceinline__ __device__ void fwd_ws_store(FwdWsKernelParams<Traits> const &kp
         }
     }
 }
-
 
 }  // namespace flash

@@ -37,8 +37,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
-    // The O tile's TMA store is compiled into the plain kernels at d <= 128 only (Traits::kTmaStoreO).
-    constexpr bool kMayTmaO = !kFeat && Traits::kTmaStoreO;
+    constexpr bool kMayTmaO = Traits::template kTmaStoreOFor<kFeat>;  // the O tile's TMA store compiled in
     FwdParams const &params = kp.p;
 
     extern __shared__ __align__(1024) char smem[];

@@ -70,18 +70,16 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.v_ptr, kp.shape_k, params.v_row_stride, params.v_head_stride,
                                                    params.v_batch_stride),
                              typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
-    // O: plain kernels (see fwd_ws_store) on dense calls only, and only where the TMA can address
-    // it; otherwise the descriptor is built over Q (checked by the caller) and left unused.
-    kp.o_tma = !kFeat && Traits::kTmaStoreO && params.fwd_tma_o && params.cu_seqlens_q == nullptr &&
+    // O: the TMA store of the kernels that compile it in (see fwd_ws_store), on dense calls where
+    // the TMA can address O; otherwise kp.tma_o stays zero and unused (no descriptor to encode).
+    kp.o_tma = Traits::template kTmaStoreOFor<kFeat> && params.fwd_tma_o && params.cu_seqlens_q == nullptr &&
                reinterpret_cast<uintptr_t>(params.o_ptr) % 16 == 0 && tma_stride_ok(params.o_row_stride, rows_q) &&
                tma_stride_ok(params.o_head_stride, params.h) && tma_stride_ok(params.o_batch_stride, batch_q);
-    {
-        const bool o = kp.o_tma;
-        auto gmem_o = make_tensor(
-            make_gmem_ptr(static_cast<Element *>(o ? params.o_ptr : const_cast<void *>(params.q_ptr))), kp.shape_q,
-            make_stride(tma_stride(o ? params.o_row_stride : params.q_row_stride, rows_q), _1{},
-                        tma_stride(o ? params.o_head_stride : params.q_head_stride, params.h),
-                        tma_stride(o ? params.o_batch_stride : params.q_batch_stride, batch_q)));
+    if (kp.o_tma) {
+        auto gmem_o = make_tensor(make_gmem_ptr(static_cast<Element *>(params.o_ptr)), kp.shape_q,
+                                  make_stride(tma_stride(params.o_row_stride, rows_q), _1{},
+                                              tma_stride(params.o_head_stride, params.h),
+                                              tma_stride(params.o_batch_stride, batch_q)));
         kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, gmem_o, typename Traits::SmemLayoutOTma{},
                                  Shape<Int<Traits::kRowsPerWG>, Int<Traits::kHeadDim>>{}, _1{});
     }

@@ -66,6 +66,10 @@ struct FwdWsTraitsSm90 {
     // The plain kernels' TMA store of O (see fwd_ws_store). Measured (session 26, run-time A/B):
     // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
     static constexpr bool kTmaStoreO = kHeadDim <= 128;
+    // Whether a kernel compiles the TMA store in: the plain ones only (the feature kernels, which
+    // spilled 20-100 B with both store paths, keep the per-thread stores).
+    template <bool kFeat>
+    static constexpr bool kTmaStoreOFor = !kFeat && kTmaStoreO;
 
     // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
@@ -86,7 +90,7 @@ struct FwdWsTraitsSm90 {
 
     // Epilogue, per consumer warpgroup: O (64, d) staged in shared memory (the warpgroup's own Q
     // tile, which no GEMM reads any more, or its own buffer: kPersistentOwnO), then either one TMA
-    // store (plain kernels on dense calls, params.fwd_tma_o), staged in the Q tile's layout
+    // store (plain d <= 128 kernels on dense calls, params.fwd_tma_o), staged in the Q tile's layout
     // (SmemLayoutOTma: the TMA's 128-byte swizzle), or 16-byte stores by 128 threads from the
     // FA2-style swizzled tile (SmemLayoutO; varlen calls, whose tiles' rows past the sequence
     // belong to the next one while the TMA clips only at the packed tensor's end, and the feature
@@ -172,8 +176,8 @@ struct FwdWsKernelParams {
     typename Traits::TmaQ tma_q;
     typename Traits::TmaKV tma_k;
     typename Traits::TmaKV tma_v;
-    // O (shape_q): the epilogue's TMA store where o_tma (dense calls with TMA-able strides and
-    // params.fwd_tma_o); otherwise built over Q and unused.
+    // O (shape_q): the epilogue's TMA store where o_tma (kTmaStoreOFor, dense calls with TMA-able
+    // strides and params.fwd_tma_o); otherwise zero and unused.
     typename Traits::TmaO tma_o;
     typename Traits::GmemShape shape_q, shape_k;
     bool o_tma;
