@@ -20,6 +20,7 @@ from flash_attn import flash_attn_func
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--head-dims", default="64,128,256")
 parser.add_argument("--seconds", type=float, default=1.5)
+parser.add_argument("--bwd", action="store_true", help="also the backward at 8k (gradients of a prebuilt graph)")
 args = parser.parse_args()
 
 
@@ -55,6 +56,14 @@ def cudnn_fwd(q, k, v, causal):
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
 
+def backward_fn(fwd, q, k, v):
+    """The backward alone: gradients of one prebuilt forward graph, kept for every call."""
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    out = fwd(qg, kg, vg)
+    dout = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)
+
+
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 print(f"{'cell':<24} {'impl':<6} {'SM MHz':>7} {'W':>6} {'TFLOP/s':>8}")
 with torch.no_grad():
@@ -73,3 +82,15 @@ with torch.no_grad():
                         continue
                     cell = f"d{d} s{s} {'causal' if causal else 'full'}"
                     print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {flops / ms * 1e-9:8.1f}", flush=True)
+                if args.bwd and s == 8192:
+                    with torch.enable_grad():
+                        for impl, fwd in (("ours", lambda a, b_, c: flash_attn_func(a, b_, c, causal=causal)),
+                                          ("cudnn", lambda a, b_, c: cudnn_fwd(a, b_, c, causal).transpose(1, 2))):
+                            try:
+                                mhz, watts, ms = sample_while(backward_fn(fwd, q, k, v), args.seconds)
+                            except Exception as exc:  # noqa: BLE001
+                                print(f"d{d} s{s} bwd: {impl} n/a ({type(exc).__name__})")
+                                continue
+                            cell = f"d{d} s{s} {'causal' if causal else 'full'} bwd"
+                            print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {2.5 * flops / ms * 1e-9:8.1f}",
+                                  flush=True)

@@ -321,7 +321,8 @@ case ${PART:-A} in
     # build (a full one from S25D too: `built ||`).
     export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
     built || build
-    TAIL=40 step clock_probe 200 $PY scripts/clock_probe.py ;;
+    TAIL=60 step clock_probe 240 $PY scripts/clock_probe.py --bwd
+    TAIL=10 step decode 80 $PY benchmarks/benchmark_attn.py --decode --decode-clean --out /tmp/dec ;;
   S26F)
     # Session 26 (branch s26-feat-lazy): the softcap / ALiBi / dropout forwards at d >= 128 take
     # the plain kernels' conditional rescaling too (kFwdLazyRescaleLog2Feat = 8; main = 0, rebuilt
