@@ -20,6 +20,8 @@ from flash_attn import flash_attn_func
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--head-dims", default="64,128,256")
 parser.add_argument("--seconds", type=float, default=1.5)
+parser.add_argument("--seqlens", default="8192,512")
+parser.add_argument("--matmul", action="store_true", help="first a bf16 8192^3 torch.matmul (a dense-wgmma baseline)")
 parser.add_argument("--bwd", action="store_true", help="also the backward at 8k (gradients of a prebuilt graph)")
 args = parser.parse_args()
 
@@ -67,8 +69,12 @@ def backward_fn(fwd, q, k, v):
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
 print(f"{'cell':<24} {'impl':<6} {'SM MHz':>7} {'W':>6} {'TFLOP/s':>8}")
 with torch.no_grad():
+    if args.matmul:
+        a, bm = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        mhz, watts, ms = sample_while(lambda: a @ bm, args.seconds)
+        print(f"{'matmul 8192^3':<24} {'torch':<6} {mhz:7.0f} {watts:6.0f} {2 * 8192**3 / ms * 1e-9:8.1f}", flush=True)
     for d in (int(x) for x in args.head_dims.split(",")):
-        for s in (8192, 512):
+        for s in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d
                 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

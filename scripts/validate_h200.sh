@@ -44,6 +44,7 @@
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S27B bash scripts/validate_h200.sh # after S27A: power limit, matmul baseline, ncu traffic / instruction counts ours vs cuDNN
 #   PART=S27A bash scripts/validate_h200.sh # d64/128/256 bf16 build; SM clock + power per forward cell, ours vs cuDNN (clock_probe.py)
 #   PART=S26F bash scripts/validate_h200.sh # branch s26-feat-lazy: conditional rescaling in the d128/256 feature forwards; suite; two-.so A/B
 #   PART=S26C bash scripts/validate_h200.sh # branch s26-fwd-next: TMA store of O (run-time A/B) + conditional rescaling (two-.so A/B)
@@ -314,6 +315,16 @@ case ${PART:-A} in
     done; done > "$OUT/ab_bound_raw.log"
     cp /tmp/nobound.so "$so"
     $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S27B)
+    # Session 27, after S27A (ours ~690 W = the board limit at d >= 128 8k and causal d64, cuDNN
+    # ~560 W at the same TFLOP/s and clock): the power limit, a matmul baseline, then per-kernel
+    # DRAM / L2 / shared-memory traffic and instruction counts, ours vs cuDNN (ncu_power_metrics.sh).
+    export FLASH_ATTN_HEAD_DIMS=64,128,256 FLASH_ATTN_DTYPES=bf16
+    built || build
+    nvidia-smi -q -d POWER | grep -iE "limit|draw" | head -12
+    TAIL=20 step clock_matmul 60 $PY scripts/clock_probe.py --matmul --head-dims 128 --seqlens 8192
+    CASES="fwd 128 8192 0;fwd 64 8192 0;fwd 64 8192 1;bwd 64 8192 0;bwd 64 8192 1;bwd 128 8192 0;fwd 256 8192 0" \
+      TAIL=400 step ncu_power 420 bash scripts/ncu_power_metrics.sh ;;
   S27A)
     # Prepared in session 26 (not GPU-run): is the long d >= 128 forward power-capped? The
     # conditional rescaling gained more at 8k than its FMULs explain. SM clock and board power
