@@ -324,7 +324,7 @@ case ${PART:-A} in
     nvidia-smi -q -d POWER | grep -iE "limit|draw" | head -12
     TAIL=20 step clock_matmul 60 $PY scripts/clock_probe.py --matmul --head-dims 128 --seqlens 8192
     CASES="fwd 128 8192 0;fwd 64 8192 0;fwd 64 8192 1;bwd 64 8192 0;bwd 64 8192 1;bwd 128 8192 0;fwd 256 8192 0" \
-      TAIL=400 step ncu_power 420 bash scripts/ncu_power_metrics.sh ;;
+      TAIL=5 step ncu_power 420 bash scripts/ncu_power_metrics.sh ;;
   S27A)
     # Prepared in session 26 (not GPU-run): is the long d >= 128 forward power-capped? The
     # conditional rescaling gained more at 8k than its FMULs explain. SM clock and board power
