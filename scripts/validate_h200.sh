@@ -44,6 +44,7 @@
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S27C bash scripts/validate_h200.sh # branch s27-q-regs: d128 Q in registers for S = Q K^T; tests; two-.so A/B; power per arm
 #   PART=S27B bash scripts/validate_h200.sh # after S27A: power limit, matmul baseline, ncu traffic / instruction counts ours vs cuDNN
 #   PART=S27A bash scripts/validate_h200.sh # d64/128/256 bf16 build; SM clock + power per forward cell, ours vs cuDNN (clock_probe.py)
 #   PART=S26F bash scripts/validate_h200.sh # branch s26-feat-lazy: conditional rescaling in the d128/256 feature forwards; suite; two-.so A/B
@@ -315,6 +316,19 @@ case ${PART:-A} in
     done; done > "$OUT/ab_bound_raw.log"
     cp /tmp/nobound.so "$so"
     $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S27C)
+    # Session 27 (branch s27-q-regs): S = Q K^T with Q in registers (RS wgmma) in the d128 plain
+    # persistent forward, to cut the wgmma's shared-memory reads and with them power (S27A/B: ours
+    # ~690 W at the 700 W limit). bf16 d128 build; tests; two-.so A/B against kFwdQInRegs = 0
+    # (table arms: lazy8 = Q in registers, lazy0 = Q from shared memory); clock + power per arm.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test 150 $PY -m pytest tests -q -x
+    traits_zero_ab kFwdQInRegs scripts/fwd_ab_cells.py 150 60
+    so=$(ls flash_attn/_C*.so)
+    for v in lazy8 lazy0 lazy8 lazy0; do cp /tmp/$v.so "$so"; echo "== power arm $v"
+      $PY scripts/clock_probe.py --head-dims 128 --seqlens 8192,2048 --seconds 1.0 2>&1 | grep ours; done
+    cp /tmp/lazy8.so "$so" ;;
   S27B)
     # Session 27, after S27A (ours ~690 W = the board limit at d >= 128 8k and causal d64, cuDNN
     # ~560 W at the same TFLOP/s and clock): the power limit, a matmul baseline, then per-kernel

@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             }
             FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
-            fwd_ws_mma<Traits, kFeat>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
+            fwd_ws_mma<Traits, kFeat, kPersistent>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
                                       tile.n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags, state_k, state_v,
                                       q_phase, [&]() {
                                           if constexpr (kOwnO) { release_q(); }

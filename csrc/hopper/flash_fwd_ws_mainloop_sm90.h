@@ -180,9 +180,10 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
 // > 0, Traits::kDropoutTiles only), the dropout mask to every P tile ("Dropout in the pingpong"
 // below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
 // 4 x 128 x 16-byte flags area (each thread's keep flags of one 128-key Philox group).
+// kPersistent: the persistent kernel's call (Traits::kQInRegsFor: Q in registers for S = Q K^T).
 // q_done(): called once this warpgroup's last S GEMM of the tile has completed (its last read of
 // Q; the persistent kernel releases Q there when O has its own staging buffer).
-template <typename Traits, bool kFeat, typename TensorO, typename Softmax, typename QDone>
+template <typename Traits, bool kFeat, bool kPersistent, typename TensorO, typename Softmax, typename QDone>
 __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Traits::SharedStorage &ss,
                                            typename Traits::Pipeline &pipeline_k, typename Traits::Pipeline &pipeline_v,
                                            Mask const &mask, int wg, int wg_tidx, int row0, int n_block_min,
@@ -208,7 +209,8 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         }
     };
 
-    typename Traits::TiledMmaQK tiled_mma_qk;
+    constexpr bool kQRegs = Traits::template kQInRegsFor<kFeat, kPersistent>;
+    typename Traits::template TiledMmaQKFor<kFeat, kPersistent> tiled_mma_qk;
     typename Traits::TiledMmaPV tiled_mma_pv;
     auto thr_mma_qk = tiled_mma_qk.get_thread_slice(wg_tidx);
     auto thr_mma_pv = tiled_mma_pv.get_thread_slice(wg_tidx);
@@ -216,7 +218,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ(_, _, wg));  // smem descriptors
+    Tensor tSrQ = thr_mma_qk.partition_fragment_A(sQ(_, _, wg));  // smem descriptors, or kQRegs: registers
     Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);            // (MMA, MMA_N, MMA_K, stage)
     Tensor tOrVt = thr_mma_pv.partition_fragment_B(sVt);          // (MMA, MMA_N, MMA_K, stage)
     Tensor coords_s = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kRowsPerWG>, Int<kBlockN>>{}));
@@ -289,6 +291,11 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 
     // Q landed (q_phase: the parity of this CTA's count of tiles with work before this one).
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_phase);
+    if constexpr (kQRegs) {  // ldmatrix; the TMA's writes are visible once the barrier completed
+        auto smem_copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, tiled_mma_qk);
+        auto thr_copy_q = smem_copy_q.get_thread_slice(wg_tidx);
+        cute::copy(smem_copy_q, thr_copy_q.partition_S(sQ(_, _, wg)), thr_copy_q.retile_D(tSrQ));
+    }
 
     // First tile: S_0 alone.
     Tensor acc_s = new_acc_s();

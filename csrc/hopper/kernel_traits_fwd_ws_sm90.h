@@ -32,6 +32,8 @@ enum class FwdWsBarrier : uint32_t {
 constexpr int kFwdLazyRescaleLog2 = 8;
 // The same for the softcap / ALiBi / dropout kernels (sed by PART=S26F).
 constexpr int kFwdLazyRescaleLog2Feat = 8;
+// See FwdWsTraitsSm90::kQInRegs (sed to 0 by PART=S27C).
+constexpr int kFwdQInRegs = 1;
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
 struct FwdWsTraitsSm90 {
@@ -71,9 +73,27 @@ struct FwdWsTraitsSm90 {
     template <bool kFeat>
     static constexpr bool kTmaStoreOFor = !kFeat && kTmaStoreO;
 
-    // One warpgroup's GEMMs: S = Q K^T (both from smem) and O += P V (P from registers).
+    // S = Q K^T with Q as the register A operand (RS, loaded from its shared tile once per tile)
+    // instead of both operands from shared memory (SS): the wgmma then reads K alone from shared
+    // memory, 32 instead of 48 KB per (64-row, 128-key) S GEMM at d128. Why (session 27,
+    // scripts/clock_probe.py, ncu_power_metrics.sh): our d >= 128 forwards draw ~690 W, the 700 W
+    // board limit, against cuDNN's ~570 W at equal instruction counts, L2 / DRAM traffic and
+    // tensor-pipe activity, and run at a power-capped clock (d256 1600 vs 1680-1740 MHz); the
+    // wgmma operand reads are the traffic ncu's counters leave out. d128 plain persistent kernel
+    // only (ptxas, CUDA 13.0: up to R228 of its 232 registers, no spills; the non-persistent one
+    // spilled 328 B, d256 has no room for 64 more registers, the feature kernels spill already).
+    static constexpr bool kQInRegs = kHeadDim == 128 && kFwdQInRegs != 0;
+    template <bool kFeat, bool kPersistent>
+    static constexpr bool kQInRegsFor = !kFeat && kPersistent && kQInRegs;
+
+    // One warpgroup's GEMMs: S = Q K^T (Q from smem or registers, K from smem) and O += P V (P
+    // from registers).
     using TiledMmaQK = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>()));
+    using TiledMmaQKRegs = decltype(make_tiled_mma(
+        GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>()));
+    template <bool kFeat, bool kPersistent>
+    using TiledMmaQKFor = std::conditional_t<kQInRegsFor<kFeat, kPersistent>, TiledMmaQKRegs, TiledMmaQK>;
     using TiledMmaPV = decltype(make_tiled_mma(
         GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
                              GMMA::Major::MN>()));
