@@ -2,10 +2,13 @@
 """SM clock and board power while one forward runs back to back (session 26's question: do the
 long d >= 128 forwards run power-capped, so that instructions saved per tile also raise the
 clock?). For each cell (bf16, 16k tokens, hidden 2048, seqlen 8k / 512, causal off / on; ours and
-SDPA's cuDNN backend) the call loops for ~1.5 s while `nvidia-smi` samples clocks.sm and
-power.draw every 50 ms; prints the median SM clock, median power and the TFLOP/s of the loop.
+SDPA's cuDNN backend) the call loops 1.2 s to settle nvidia-smi's ~1 s power average, then ~1.5 s
+while `nvidia-smi` samples clocks.sm, power.draw and the clock-limit reasons every 50 ms; prints
+the median SM clock, median power, TFLOP/s of the loop and the most frequent reasons bitmask
+(0x4 = SW power cap, 0x1 = idle, 0x8 = HW slowdown, 0x20 / 0x40 = thermal; nvidia-smi -q).
+Session 27's first run (no settle) read the first cell after idle ~100-280 W low.
 
-    python scripts/clock_probe.py [--head-dims 64,128,256] [--seconds 1.5]
+    python scripts/clock_probe.py [--head-dims 64,128,256] [--seqlens 8192,512] [--seconds 1.5] [--bwd] [--matmul]
 """
 import argparse
 import statistics
@@ -26,12 +29,30 @@ parser.add_argument("--bwd", action="store_true", help="also the backward at 8k 
 args = parser.parse_args()
 
 
-def sample_while(fn, seconds):
-    """Run fn back to back for `seconds` under an nvidia-smi sampler; (clock MHz, watts, ms per call)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+def _smi_fields():
+    """clocks.sm, power.draw and, where this driver has it, the active clock-limit reasons."""
+    for extra in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        fields = f"clocks.sm,power.draw,{extra}"
+        probe = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.count(",") == 2:
+            return fields
+    return "clocks.sm,power.draw"
+
+
+SMI_FIELDS = _smi_fields()
+
+
+def sample_while(fn, seconds, settle=1.2):
+    """Run fn back to back for `settle` s (nvidia-smi's power.draw is a ~1 s average: without this
+    the first cell after idle or a different cell reads low, session 27), then `seconds` more under
+    an nvidia-smi sampler; (clock MHz, watts, ms per call, most frequent clock-limit reasons)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < settle:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits",
                             "-lms", "50"], stdout=subprocess.PIPE, text=True)
     calls, t0 = 0, time.perf_counter()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -45,10 +66,13 @@ def sample_while(fn, seconds):
     end.synchronize()
     smi.terminate()
     out, _ = smi.communicate()
-    rows = [line.split(",") for line in out.strip().splitlines() if line.count(",") == 1]
-    clocks = [float(r[0]) for r in rows[2:]]  # the first samples may precede the loop
-    watts = [float(r[1]) for r in rows[2:]]
-    return statistics.median(clocks), statistics.median(watts), start.elapsed_time(end) / calls
+    n_fields = SMI_FIELDS.count(",") + 1
+    rows = [[x.strip() for x in line.split(",")] for line in out.strip().splitlines()
+            if line.count(",") == n_fields - 1][2:]  # the first samples may precede the loop
+    clocks = [float(r[0]) for r in rows]
+    watts = [float(r[1]) for r in rows]
+    reasons = statistics.mode([r[2] for r in rows]) if n_fields == 3 and rows else "-"
+    return statistics.median(clocks), statistics.median(watts), start.elapsed_time(end) / calls, reasons
 
 
 def cudnn_fwd(q, k, v, causal):
@@ -67,12 +91,12 @@ def backward_fn(fwd, q, k, v):
 
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-print(f"{'cell':<24} {'impl':<6} {'SM MHz':>7} {'W':>6} {'TFLOP/s':>8}")
+print(f"{'cell':<24} {'impl':<6} {'SM MHz':>7} {'W':>6} {'TFLOP/s':>8}  limit reasons ({SMI_FIELDS.split(',')[-1]})")
 with torch.no_grad():
     if args.matmul:
         a, bm = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        mhz, watts, ms = sample_while(lambda: a @ bm, args.seconds)
-        print(f"{'matmul 8192^3':<24} {'torch':<6} {mhz:7.0f} {watts:6.0f} {2 * 8192**3 / ms * 1e-9:8.1f}", flush=True)
+        mhz, watts, ms, why = sample_while(lambda: a @ bm, args.seconds)
+        print(f"{'matmul 8192^3':<24} {'torch':<6} {mhz:7.0f} {watts:6.0f} {2 * 8192**3 / ms * 1e-9:8.1f}  {why}", flush=True)
     for d in (int(x) for x in args.head_dims.split(",")):
         for s in (int(x) for x in args.seqlens.split(",")):
             for causal in (False, True):
@@ -82,21 +106,21 @@ with torch.no_grad():
                 for impl, fn in (("ours", lambda: flash_attn_func(q, k, v, causal=causal)),
                                  ("cudnn", lambda: cudnn_fwd(q, k, v, causal))):
                     try:
-                        mhz, watts, ms = sample_while(fn, args.seconds)
+                        mhz, watts, ms, why = sample_while(fn, args.seconds)
                     except Exception as exc:  # noqa: BLE001 (a refused backend is a row, not a stop)
                         print(f"d{d} s{s} {'causal' if causal else 'full'}: {impl} n/a ({type(exc).__name__})")
                         continue
                     cell = f"d{d} s{s} {'causal' if causal else 'full'}"
-                    print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {flops / ms * 1e-9:8.1f}", flush=True)
+                    print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {flops / ms * 1e-9:8.1f}  {why}", flush=True)
                 if args.bwd and s == 8192:
                     with torch.enable_grad():
                         for impl, fwd in (("ours", lambda a, b_, c: flash_attn_func(a, b_, c, causal=causal)),
                                           ("cudnn", lambda a, b_, c: cudnn_fwd(a, b_, c, causal).transpose(1, 2))):
                             try:
-                                mhz, watts, ms = sample_while(backward_fn(fwd, q, k, v), args.seconds)
+                                mhz, watts, ms, why = sample_while(backward_fn(fwd, q, k, v), args.seconds)
                             except Exception as exc:  # noqa: BLE001
                                 print(f"d{d} s{s} bwd: {impl} n/a ({type(exc).__name__})")
                                 continue
                             cell = f"d{d} s{s} {'causal' if causal else 'full'} bwd"
-                            print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {2.5 * flops / ms * 1e-9:8.1f}",
+                            print(f"{cell:<24} {impl:<6} {mhz:7.0f} {watts:6.0f} {2.5 * flops / ms * 1e-9:8.1f}  {why}",
                                   flush=True)

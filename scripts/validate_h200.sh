@@ -44,6 +44,7 @@
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S28A bash scripts/validate_h200.sh # branch s28-q-early: d128 Q released after its ldmatrix; tests; two-.so A/B; clock probe (settled, limit reasons)
 #   PART=S27C bash scripts/validate_h200.sh # branch s27-q-regs: d128 Q in registers for S = Q K^T; tests; two-.so A/B; power per arm
 #   PART=S27B bash scripts/validate_h200.sh # after S27A: power limit, matmul baseline, ncu traffic / instruction counts ours vs cuDNN
 #   PART=S27A bash scripts/validate_h200.sh # d64/128/256 bf16 build; SM clock + power per forward cell, ours vs cuDNN (clock_probe.py)
@@ -316,6 +317,17 @@ case ${PART:-A} in
     done; done > "$OUT/ab_bound_raw.log"
     cp /tmp/nobound.so "$so"
     $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S28A)
+    # Prepared in session 27 (branch s28-q-early, compile-checked, not GPU-run): with Q in
+    # registers (S27C), the d128 persistent forward releases Q's shared tile right after its
+    # ldmatrix instead of after the tile's last S GEMM (kFwdQEarlyRelease; 0 = main's place, rebuilt
+    # by sed; table arms: lazy8 = early, lazy0 = late). bf16 d128 build; tests; two-.so A/B; then the
+    # clock probe with a 1.2 s settle and the clock-limit reasons (S27A's first cells read low).
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16
+    build
+    TAIL=3 step test 150 $PY -m pytest tests -q -x
+    traits_zero_ab kFwdQEarlyRelease scripts/fwd_ab_cells.py 150 60
+    TAIL=20 step clock_probe 120 $PY scripts/clock_probe.py --matmul --bwd --head-dims 128 --seqlens 8192,512 --seconds 1.0 ;;
   S27C)
     # Session 27 (branch s27-q-regs): S = Q K^T with Q in registers (RS wgmma) in the d128 plain
     # persistent forward, to cut the wgmma's shared-memory reads and with them power (S27A/B: ours
