@@ -9,6 +9,7 @@ the median SM clock, median power, TFLOP/s of the loop and the most frequent rea
 Session 27's first run (no settle) read the first cell after idle ~100-280 W low.
 
     python scripts/clock_probe.py [--head-dims 64,128,256] [--seqlens 8192,512] [--seconds 1.5] [--bwd] [--matmul]
+                                  [--q-scale 1e-3]
 """
 import argparse
 import statistics
@@ -25,6 +26,8 @@ parser.add_argument("--head-dims", default="64,128,256")
 parser.add_argument("--seconds", type=float, default=1.5)
 parser.add_argument("--seqlens", default="8192,512")
 parser.add_argument("--matmul", action="store_true", help="first a bf16 8192^3 torch.matmul (a dense-wgmma baseline)")
+parser.add_argument("--q-scale", type=float, default=1.0,
+                    help="multiply q by this (1e-3: scores ~0, P near-uniform: does the operand data move the power?)")
 parser.add_argument("--bwd", action="store_true", help="also the backward at 8k (gradients of a prebuilt graph)")
 args = parser.parse_args()
 
@@ -102,6 +105,7 @@ with torch.no_grad():
             for causal in (False, True):
                 b, h = 16384 // s, 2048 // d
                 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                q = q * args.q_scale
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
                 for impl, fn in (("ours", lambda: flash_attn_func(q, k, v, causal=causal)),
                                  ("cudnn", lambda: cudnn_fwd(q, k, v, causal))):

@@ -327,7 +327,8 @@ case ${PART:-A} in
     build
     TAIL=3 step test 150 $PY -m pytest tests -q -x
     traits_zero_ab kFwdQEarlyRelease scripts/fwd_ab_cells.py 150 60
-    TAIL=20 step clock_probe 120 $PY scripts/clock_probe.py --matmul --bwd --head-dims 128 --seqlens 8192,512 --seconds 1.0 ;;
+    TAIL=20 step clock_probe 120 $PY scripts/clock_probe.py --matmul --bwd --head-dims 128 --seqlens 8192,512 --seconds 1.0
+    TAIL=6 step clock_probe_qscale 60 $PY scripts/clock_probe.py --q-scale 1e-3 --head-dims 128 --seqlens 8192 --seconds 1.0 ;;
   S27C)
     # Session 27 (branch s27-q-regs): S = Q K^T with Q in registers (RS wgmma) in the d128 plain
     # persistent forward, to cut the wgmma's shared-memory reads and with them power (S27A/B: ours
