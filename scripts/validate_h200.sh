@@ -327,6 +327,9 @@ case ${PART:-A} in
     build
     TAIL=3 step test 150 $PY -m pytest tests -q -x
     traits_zero_ab kFwdQEarlyRelease scripts/fwd_ab_cells.py 150 60
+    # Q in registers made the persistent d128 kernel faster (S27C); the non-persistent one still
+    # serves 16k keys (fwd_ws_use_persistent): persistent (B) against one CTA per tile (A).
+    TAIL=6 step persist_ab 90 $PY scripts/fwd_env_ab.py FLASH_ATTN_FWD_WS_PERSISTENT 0 1 --head-dims 128 --seqlens 8192,16384
     TAIL=20 step clock_probe 120 $PY scripts/clock_probe.py --matmul --bwd --head-dims 128 --seqlens 8192,512 --seconds 1.0
     TAIL=6 step clock_probe_qscale 60 $PY scripts/clock_probe.py --q-scale 1e-3 --head-dims 128 --seqlens 8192 --seconds 1.0 ;;
   S27C)
