@@ -75,13 +75,12 @@ struct FwdWsTraitsSm90 {
 
     // S = Q K^T with Q as the register A operand (RS, loaded from its shared tile once per tile)
     // instead of both operands from shared memory (SS): the wgmma then reads K alone from shared
-    // memory, 32 instead of 48 KB per (64-row, 128-key) S GEMM at d128. Why (session 27,
-    // scripts/clock_probe.py, ncu_power_metrics.sh): our d >= 128 forwards draw ~690 W, the 700 W
-    // board limit, against cuDNN's ~570 W at equal instruction counts, L2 / DRAM traffic and
-    // tensor-pipe activity, and run at a power-capped clock (d256 1600 vs 1680-1740 MHz); the
-    // wgmma operand reads are the traffic ncu's counters leave out. d128 plain persistent kernel
-    // only (ptxas, CUDA 13.0: up to R228 of its 232 registers, no spills; the non-persistent one
-    // spilled 328 B, d256 has no room for 64 more registers, the feature kernels spill already).
+    // memory, 32 instead of 48 KB per (64-row, 128-key) S GEMM at d128. Tried (session 27) because
+    // our d >= 128 forwards run at the 700 W board limit while cuDNN's draw ~570 W; measured
+    // (PART=S27C, two-.so A/B): causal +0.1-3.1% (most at 8k), non-causal +-1%, power unchanged.
+    // d128 plain persistent kernel only (ptxas, CUDA 13.0: up to R226 of its 232 registers, no
+    // spills; the non-persistent one spilled 328 B, d256 has no room for 64 more registers, the
+    // feature kernels spill already).
     static constexpr bool kQInRegs = kHeadDim == 128 && kFwdQInRegs != 0;
     template <bool kFeat, bool kPersistent>
     static constexpr bool kQInRegsFor = !kFeat && kPersistent && kQInRegs;
