@@ -44,6 +44,7 @@
 #   PART=S20E bash scripts/validate_h200.sh # then: decode; varlen; llama (d64/128 build if cold)
 #   PART=S20F bash scripts/validate_h200.sh # ncu: one whole backward, ours vs cuDNN, d128 / d64
 #   PART=S26D bash scripts/validate_h200.sh # branch s26-fwd-next, optional: d64 scheduling boundary with lazy rescaling (two-.so A/B)
+#   PART=S28B bash scripts/validate_h200.sh # d128 bf16 A/B build: decode ring depths / tile shapes timed cold, then after 90 s of heat
 #   PART=S28A bash scripts/validate_h200.sh # branch s28-q-early: d128 Q released after its ldmatrix; tests; two-.so A/B; clock probe (settled, limit reasons)
 #   PART=S27C bash scripts/validate_h200.sh # branch s27-q-regs: d128 Q in registers for S = Q K^T; tests; two-.so A/B; power per arm
 #   PART=S27B bash scripts/validate_h200.sh # after S27A: power limit, matmul baseline, ncu traffic / instruction counts ours vs cuDNN
@@ -317,6 +318,22 @@ case ${PART:-A} in
     done; done > "$OUT/ab_bound_raw.log"
     cp /tmp/nobound.so "$so"
     $PY -c "import sys; sys.path.insert(0, 'scripts'); from gpu_check_common import fwd_so_ab_table as t; print(t(open('$OUT/ab_bound_raw.log'), base='nobound'))" | tee "$OUT/ab_bound.log" ;;
+  S28B)
+    # Session 28 (issue 4): ours / cuDNN at 32k reads 0.996-0.997 on a fresh machine but 0.985-0.986
+    # after the benchmark grid (sessions 25, 27: 4418 vs 4482-4484 GB/s; cuDNN loses 1%, ours 2%).
+    # If a hot GPU (HBM refresh, SM clock) costs ours more, a kernel that keeps more bytes in
+    # flight (deeper rings) or fewer SM-side steps per byte (128-key tiles) should lose less. The
+    # CTA variants of an A/B build (FLASH_ATTN_DECODE_CTA, read at each call), cold, then after
+    # 90 s of matmul + copy heat; nvidia-smi logs temperatures and clocks throughout.
+    export FLASH_ATTN_HEAD_DIMS=128 FLASH_ATTN_DTYPES=bf16 FLASH_ATTN_AB_KERNELS=1
+    build
+    nvidia-smi --query-gpu=timestamp,temperature.gpu,temperature.memory,clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active \
+      --format=csv -lms 500 > "$OUT/smi.log" 2>&1 & smi=$!
+    modes=skip,cta11,cta10,cta12,cta13,cta9,cta8
+    TAIL=4 step decode_cold 150 $PY scripts/decode_variants_ab.py --rounds 3 --modes $modes
+    TAIL=3 step heat 110 $PY scripts/gpu_heat.py --seconds 90
+    TAIL=4 step decode_hot 150 $PY scripts/decode_variants_ab.py --rounds 3 --modes $modes
+    kill $smi ;;
   S28A)
     # Prepared in session 27 (branch s28-q-early, compile-checked, not GPU-run): with Q in
     # registers (S27C), the d128 persistent forward releases Q's shared tile right after its
