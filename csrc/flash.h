@@ -157,8 +157,8 @@ inline bool has_features(const FwdParams &p) {
 }
 
 constexpr int kFwdWsPersistentOff = 0, kFwdWsPersistentOn = 1, kFwdWsPersistentAuto = 2;
-// The persistent WS forward (plain calls; compiled for head-dim tiles 64 and 128, all tiles in
-// FLASH_ATTN_AB_KERNELS=1 builds) where it was measured faster (H200, bf16, 16k tokens, session
+// The persistent WS forward (plain calls; compiled for head-dim tiles 64 and 128) where it was
+// measured faster (H200, bf16, 16k tokens, session
 // 22): tiles 64 / 128 up to 8k keys, +11-23% at 512, +3-7% at 1-2k, +-1% at 4-8k; 0.98-0.99x at
 // 16k and at d256 (no room for O's own buffer there), which keep one CTA per tile.
 inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
@@ -182,18 +182,7 @@ inline bool fwd_ws_d64_m128(const FwdParams &p) {
     return (causal && p.seqlen_q <= 1024 && p.seqlen_k <= 1024) || narrow_window;
 }
 
-// Kernels that exist only for A/B timing (measured slower than the defaults on the H200) are
-// compiled only with FLASH_ATTN_AB_KERNELS=1 at build time (setup.py defines the macro): the
-// persistent WS forward at head-dim tile 256, the WS forward's FA3 tile shapes (176 / 80 keys),
-// the redundant d256 WS backward, the SM80-class d256 backward's variants 0 / 3 / 5 / 7, the d256
-// WS backward's float4 dQ atomics and the split-KV kernel's S pipelining. The binding rejects
-// their run-time switches otherwise.
-#ifdef FLASH_ATTN_AB_KERNELS
-constexpr bool kBuildAbKernels = true;
-#else
-constexpr bool kBuildAbKernels = false;
-#endif
-// FLASH_ATTN_DECODE_CTA's default: the d128 decode with cuDNN's schedule, 64-key CTA tiles, 4 warps x
+// The d128 decode's CTA variant with cuDNN's schedule, 64-key CTA tiles, 4 warps x
 // 16 keys, 3 buffers, K and V together (flash_fwd_splitkv_launch.h).
 constexpr int kDecodeCtaDefault = 11;
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -42,6 +41,42 @@ constexpr int kMaxHeadDim = 256;
 // Whether the sm_90a (wgmma) kernels may run; tests and benchmarks switch them off to exercise
 // and compare the SM80-class path on the same GPU.
 bool g_sm90_enabled = true;
+
+// Kernel overrides for tests (set_debug_kernel): each reaches a kernel that the heuristics choose
+// for some calls, on shapes where they choose another. Never read from the environment.
+struct DebugKernel {
+    int fwd_ws_d64_rows = 0;        // 0: flash::fwd_ws_d64_m128 chooses; 128 or 192: that tile height
+    int fwd_ws_persistent = 0;      // 0: flash::fwd_ws_use_persistent chooses; 1: always; 2: never
+    bool fwd_tma_o_off = false;     // O by 16-byte stores of every thread, as on varlen calls
+    bool fwd_zero_fill = false;     // the per-call zeroed rng_state / tile counter of graph capture
+    bool bwd_lockstep = false;      // the lock-step sm_90a backward, as for the calls the WS one declines
+} g_debug;
+
+void set_debug_kernel(const std::string &name, int64_t value) {
+    const auto flag = [&](bool &field) {
+        FLASH_CHECK(value == 0 || value == 1, "flash_attn: set_debug_kernel('", name, "', value): value must be 0 or 1, got ",
+                    value);
+        field = value == 1;
+    };
+    if (name == "fwd_ws_d64_rows") {
+        FLASH_CHECK(value == 0 || value == 128 || value == 192, "flash_attn: set_debug_kernel('fwd_ws_d64_rows', value): "
+                    "value must be 0 (heuristic), 128 or 192, got ", value);
+        g_debug.fwd_ws_d64_rows = static_cast<int>(value);
+    } else if (name == "fwd_ws_persistent") {
+        FLASH_CHECK(value >= 0 && value <= 2, "flash_attn: set_debug_kernel('fwd_ws_persistent', value): value must be "
+                    "0 (heuristic), 1 (always) or 2 (never), got ", value);
+        g_debug.fwd_ws_persistent = static_cast<int>(value);
+    } else if (name == "fwd_tma_o_off") {
+        flag(g_debug.fwd_tma_o_off);
+    } else if (name == "fwd_zero_fill") {
+        flag(g_debug.fwd_zero_fill);
+    } else if (name == "bwd_lockstep") {
+        flag(g_debug.bwd_lockstep);
+    } else {
+        FLASH_CHECK(false, "flash_attn: set_debug_kernel: unknown name '", name, "'; known: 'fwd_ws_d64_rows', "
+                    "'fwd_ws_persistent', 'fwd_tma_o_off', 'fwd_zero_fill', 'bwd_lockstep'");
+    }
+}
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
@@ -89,15 +124,6 @@ void copy_back(const std::optional<at::Tensor> &given, const at::Tensor &compute
     if (given.has_value() && !given.value().is_same(computed)) given.value().copy_(computed);
 }
 
-// FLASH_ATTN_D256_FEAT_OLD=1, read at each call so that one process can time both: the d = 256
-// feature calls (softcap, ALiBi, dropout, deterministic) run the generic SM80-class feature kernels
-// (every feature a run-time branch; semaphore-ordered deterministic dQ) instead of the
-// fixed-feature-set variants with dq_accum slices (flash_fwd_launch.h, flash_bwd_launch.h).
-bool d256_feat_old() {
-    const char *env = std::getenv("FLASH_ATTN_D256_FEAT_OLD");
-    return env != nullptr && env[0] != '\0' && std::string(env) != "0";
-}
-
 void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
              const at::Tensor &out, const at::Tensor &lse, double softmax_scale, bool is_causal) {
     p = {};
@@ -127,128 +153,6 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
     p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
     p.is_bf16 = q.scalar_type() == at::kBFloat16;
     p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
-    p.feat_generic = d256_feat_old();
-}
-
-// The warp-specialised sm_90a forward (TMA producer warp, pingpong consumer warpgroups; head-dim
-// tiles 64, 128 and 256; plain and softcap / ALiBi / dropout variants, not S_dmask) runs where it
-// applies (the default; 1.3-1.5x the SM80-class / first sm_90a forward, docs/perf-notes.md).
-// FLASH_ATTN_FWD_WS=0, read at each call so that one process can time both, runs the earlier
-// kernels instead.
-bool fwd_ws_enabled() {
-    const char *env = std::getenv("FLASH_ATTN_FWD_WS");
-    if (env == nullptr || env[0] == '\0') return true;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1", "flash_attn: FLASH_ATTN_FWD_WS must be '0' or '1', got '", choice, "'");
-    return choice == "1";
-}
-
-// A '0' / '1' switch read from the environment at each call (so that one process can time both
-// settings); unset or empty gives the default.
-bool env_switch(const char *name, bool default_value) {
-    const char *env = std::getenv(name);
-    if (env == nullptr || env[0] == '\0') return default_value;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1", "flash_attn: ", name, " must be '0' or '1', got '", choice, "'");
-    return choice == "1";
-}
-
-// FLASH_ATTN_DECODE_CTA=0..17 (read at each call): the d128 split-KV decode with cuDNN's schedule
-// (unset: flash::kDecodeCtaDefault; 0: the wide kernel; the A/B variants: flash_fwd_splitkv_launch.h).
-int decode_cta_variant() {
-    const char *env = std::getenv("FLASH_ATTN_DECODE_CTA");
-    if (env == nullptr || env[0] == '\0') return flash::kDecodeCtaDefault;
-    const std::string choice(env);
-    const bool digits = !choice.empty() && choice.size() <= 2 && std::all_of(choice.begin(), choice.end(), ::isdigit);
-    const int value = digits ? std::stoi(choice) : -1;
-    FLASH_CHECK(value >= 0 && value <= 17, "flash_attn: FLASH_ATTN_DECODE_CTA must be one of '0'..'17', got '", choice,
-                "'");
-    return value;
-}
-
-// A/B-only kernels (flash::kBuildAbKernels) are compiled only with FLASH_ATTN_AB_KERNELS=1 at build
-// time; `ok` false means the call asked for one of them through `setting`.
-void require_ab_kernels(bool ok, const std::string &setting) {
-    FLASH_CHECK(ok || flash::kBuildAbKernels, "flash_attn: ", setting,
-                " selects an A/B-only kernel that this build left out; rebuild with FLASH_ATTN_AB_KERNELS=1");
-}
-
-// The plain sm_90a backward calls (head-dim tiles 64 and 128, no softcap / ALiBi / dropout /
-// deterministic) run the warp-specialised kernel (hopper/flash_bwd_ws_*_sm90.h: TMA producer warp,
-// two consumer warpgroups) instead of the lock-step one; FLASH_ATTN_BWD_WS=0 selects the lock-step
-// kernel (read at each call, for A/B timing). Default on since session 8: on the H200 it is
-// 8-10% faster at d64 and 12-17% at d128 (with the dQ bulk reduce-add below) at 8k
-// (docs/results/s8/bwd_ws_bench.log), and since its LSE / softmax_d boxes start 16-byte aligned it
-// serves every seqlen_q and varlen (the suite passes with it; scripts/probe_bwd_ws.py).
-bool bwd_ws_enabled() { return env_switch("FLASH_ATTN_BWD_WS", true); }
-
-// FLASH_ATTN_BWD_WS_D256: the head-dim 256 plain backward (BwdParams::bwd_ws_d256), read at each
-// call. 2 (unset: the warp-specialised split-d backward in its exchange form, dQ through the Q / dO
-// stage: 423 TFLOP/s at bf16 8k on the H200, session 12, against 288 with dQ atomics (session 11),
-// 208 for the SM80-class kernel, 261 for FA2 and 359 for cuDNN), 1 (the
-// redundant form, 245 TFLOP/s; FLASH_ATTN_AB_KERNELS=1 builds only) or 0 (the SM80-class kernel).
-int bwd_ws_d256_mode() {
-    const char *env = std::getenv("FLASH_ATTN_BWD_WS_D256");
-    if (env == nullptr || env[0] == '\0') return 2;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1" || choice == "2",
-                "flash_attn: FLASH_ATTN_BWD_WS_D256 must be '0', '1' or '2', got '", choice, "'");
-    require_ab_kernels(choice != "1", "FLASH_ATTN_BWD_WS_D256=1");
-    return choice[0] - '0';
-}
-
-// FLASH_ATTN_BWD_WS_D256_MOD (default on; =0 selects the SM80-class kernels): head dim 256 softcap /
-// ALiBi / dropout / deterministic calls on the split-d kernel's kMod variant
-// (BwdParams::bwd_ws_d256_mod), read at each call. H200 bf16 8k backward (session 12,
-// docs/results/s12/s2_bench_bwd_d256_mod.log), SM80-class -> kMod (dQ through the Q / dO stage
-// except dropout): ALiBi 13.86 -> 6.06 ms, softcap 14.19 -> 7.40, dropout 0.1 15.43 -> 10.84
-// (atomics), deterministic 15.71 -> 7.72; plain 6.50.
-bool bwd_ws_d256_mod_enabled() { return env_switch("FLASH_ATTN_BWD_WS_D256_MOD", true); }
-
-// The SM80-class plain backward above head-dim tile 128 (BwdParams::bwd_sm80_variant):
-// FLASH_ATTN_BWD_SM80_VARIANT = 1 (default: dQ before dK), 0 (after), or the A/B variants 3, 5, 7
-// (bits in csrc/flash_bwd_kernel.h), read at each call.
-int bwd_sm80_variant() {
-    const char *env = std::getenv("FLASH_ATTN_BWD_SM80_VARIANT");
-    if (env == nullptr || env[0] == '\0') return 1;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "0" || choice == "1" || choice == "3" || choice == "5" || choice == "7",
-                "flash_attn: FLASH_ATTN_BWD_SM80_VARIANT must be 0, 1, 3, 5 or 7, got '", choice, "'");
-    require_ab_kernels(choice == "1", "FLASH_ATTN_BWD_SM80_VARIANT=" + choice);
-    return choice[0] - '0';
-}
-
-// FLASH_ATTN_FWD_WS_PERSISTENT (read at each call): unset = the default, the persistent plain
-// warp-specialised forward (one CTA per SM walking the tiles) where flash::fwd_ws_use_persistent
-// says so (head-dim tiles 64 / 128 up to 8k keys); 1 = wherever it is compiled (tiles 64 / 128;
-// every tile in FLASH_ATTN_AB_KERNELS=1 builds); 0 = one CTA per tile. The persistent kernel hands
-// causal / window / varlen tiles out dynamically (set_tile_counter). FA3's tile shapes
-// (FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80) are A/B-only kernels
-// (flash::kBuildAbKernels).
-int fwd_ws_persistent_mode() {
-    const char *env = std::getenv("FLASH_ATTN_FWD_WS_PERSISTENT");
-    const int mode = env == nullptr || *env == '\0' ? flash::kFwdWsPersistentAuto
-                                                    : env_switch("FLASH_ATTN_FWD_WS_PERSISTENT", false)
-                                                          ? flash::kFwdWsPersistentOn
-                                                          : flash::kFwdWsPersistentOff;
-    for (const auto &[name, alt] : {std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D128_N", "176"},
-                                     std::pair<const char *, const char *>{"FLASH_ATTN_FWD_WS_D256_N", "80"}}) {
-        const char *env = std::getenv(name);
-        require_ab_kernels(env == nullptr || std::string(env) != alt, std::string(name) + "=" + alt);
-    }
-    return mode;
-}
-
-// FLASH_ATTN_FWD_WS_D64_M (read at each call): query rows per tile of the d64 warp-specialised
-// forward's plain calls; unset = flash::fwd_ws_d64_m128's choice (128 for short causal calls and
-// windows of at most 513 keys, 192 otherwise), 128 or 192 = always that.
-int fwd_ws_d64_rows_mode() {
-    const char *env = std::getenv("FLASH_ATTN_FWD_WS_D64_M");
-    if (env == nullptr || env[0] == '\0') return 0;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "128" || choice == "192", "flash_attn: FLASH_ATTN_FWD_WS_D64_M must be '128' or '192', got '",
-                choice, "'");
-    return std::stoi(choice);
 }
 
 // A forward's rng_state and the persistent forward's tile counter, without a fill kernel per call
@@ -258,10 +162,10 @@ int fwd_ws_d64_rows_mode() {
 // and zeroed again by each kernel's last CTA, so calls on one stream (ordered) share it and calls
 // on different streams never do. Per-call zeroed buffers instead (rng_buffer, int64 (3,): rng_state
 // and, in element 2, the counter) under CUDA graph capture (a graph's replays may run on another
-// stream, next to eager calls on the capture stream), for the paged varlen forward (the split-KV
-// kernel leaves rng_state alone) and with FLASH_ATTN_FWD_ZERO_FILL=1 (read at each call; A/B).
+// stream, next to eager calls on the capture stream) and for the paged varlen forward (the
+// split-KV kernel leaves rng_state alone).
 bool fwd_zero_fill(bool paged) {
-    return paged || env_switch("FLASH_ATTN_FWD_ZERO_FILL", false) ||
+    return paged || g_debug.fwd_zero_fill ||
            c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
@@ -295,61 +199,38 @@ void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool ze
                                  : stream_tile_counter(rng_buffer);
 }
 
-// The warp-specialised forward's run-time switches and the persistent kernel's tile counter, for
-// the dense and the varlen forward alike (after the window and features are set).
+// The warp-specialised forward (where it applies; flash_fwd_launch.h) with the persistent kernel
+// where flash::fwd_ws_use_persistent says so and the TMA store of O, and the persistent kernel's
+// tile counter, for the dense and the varlen forward alike (after the window and features are set).
 void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen) {
-    p.fwd_ws = fwd_ws_enabled();
-    p.fwd_ws_persistent = fwd_ws_persistent_mode();
-    p.fwd_ws_d64_rows = fwd_ws_d64_rows_mode();
-    p.fwd_tma_o = env_switch("FLASH_ATTN_FWD_TMA_O", true);
+    p.fwd_ws = true;
+    p.fwd_ws_persistent = g_debug.fwd_ws_persistent == 1   ? flash::kFwdWsPersistentOn
+                          : g_debug.fwd_ws_persistent == 2 ? flash::kFwdWsPersistentOff
+                                                           : flash::kFwdWsPersistentAuto;
+    p.fwd_ws_d64_rows = g_debug.fwd_ws_d64_rows;
+    p.fwd_tma_o = !g_debug.fwd_tma_o_off;
     set_tile_counter(p, rng_buffer, zero_fill, varlen);
 }
 
-// Options of the warp-specialised backward, read at each call like FLASH_ATTN_BWD_WS (and only
-// effective with it): FLASH_ATTN_BWD_WS_DQ=tma (the default since session 8) writes each query
-// block's fp32 dQ tile to shared memory and adds it into dq_accum with one bulk reduce-add;
-// 'atomic' uses per-thread atomics instead (1-4% slower at d64, 5-8% at d128 on the H200).
-// FLASH_ATTN_BWD_WS_OVERLAP=1 defers each query block's dQ write-out until the next block's
-// S^T / dP^T GEMMs are issued, so that it overlaps them (head-dim tile 64 only; ignored at 128,
-// whose consumers would spill; not faster at 8k, so off).
-bool bwd_ws_dq_tma_enabled() {
-    const char *env = std::getenv("FLASH_ATTN_BWD_WS_DQ");
-    if (env == nullptr || env[0] == '\0') return true;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "atomic" || choice == "tma",
-                "flash_attn: FLASH_ATTN_BWD_WS_DQ must be 'atomic' or 'tma', got '", choice, "'");
-    return choice == "tma";
-}
-
-bool bwd_ws_overlap_enabled() { return env_switch("FLASH_ATTN_BWD_WS_OVERLAP", false); }
-
-// The backward's run-time kernel switches above (read at each call, so that one process can time
-// both settings), for the dense and the varlen binding alike.
+// The backward's kernel choice, for the dense and the varlen binding alike: the warp-specialised
+// sm_90a backward where it applies (hopper/flash_bwd_ws_launch_sm90.h; at head dim 256 its split-d
+// exchange form, with the score-modifier / dropout / deterministic variant), dQ through shared
+// memory and one bulk reduce-add per tile (swizzled), dS^T stored with stmatrix, 128-row query
+// blocks at d64; the SM80-class backward computes dQ before dK. docs/perf-notes.md has the numbers.
 void set_backward_switches(flash::BwdParams &params) {
-    params.bwd_ws = bwd_ws_enabled();
-    params.bwd_ws_dq_tma = params.bwd_ws && bwd_ws_dq_tma_enabled();
-    params.bwd_ws_overlap = params.bwd_ws && bwd_ws_overlap_enabled();
-    // d64 / d128 WS dQ tiles swizzled in shared memory and dq_accum (conflict-free stores; session
-    // 21); =0 keeps the plain row-major layout, for A/B. No extra kernels: a run-time XOR.
-    params.bwd_ws_dq_swizzle = env_switch("FLASH_ATTN_BWD_WS_DQ_SWIZZLE", true);
-    // dS^T stored with stmatrix (session 21); =0 stores it element-wise, for A/B.
-    params.bwd_ws_ds_stsm = env_switch("FLASH_ATTN_BWD_WS_DS_STSM", true);
-    require_ab_kernels(!params.bwd_ws_overlap, "FLASH_ATTN_BWD_WS_OVERLAP=1");
-    // d64 WS calls (plain, ALiBi, deterministic) on 128-row query blocks (the default since
-    // session 14); =0 runs the 64-row kernels, compiled only in A/B builds.
-    const bool m128 = env_switch("FLASH_ATTN_BWD_WS_M128", true);
-    require_ab_kernels(m128, "FLASH_ATTN_BWD_WS_M128=0");
-    params.bwd_ws_m128 = params.bwd_ws && m128;
-    params.bwd_ws_dropout = params.bwd_ws && env_switch("FLASH_ATTN_BWD_WS_DROPOUT", true);
-    params.bwd_sm80_variant = bwd_sm80_variant();
-    params.bwd_ws_d256 = params.bwd_ws ? bwd_ws_d256_mode() : 0;
-    params.bwd_ws_d256_mod = params.bwd_ws_d256 == 2 && bwd_ws_d256_mod_enabled();
-    params.bwd_ws_dq_v4 = params.bwd_ws_d256 == 2 && env_switch("FLASH_ATTN_BWD_WS_DQ_V4", false);
-    require_ab_kernels(!params.bwd_ws_dq_v4, "FLASH_ATTN_BWD_WS_DQ_V4=1");
-    params.bwd_ws_d256_dq_atomic = params.bwd_ws_d256 == 2 && env_switch("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", false);
-    params.bwd_ws_d256_plain_mod = params.bwd_ws_d256_mod && !params.bwd_ws_d256_dq_atomic && !params.bwd_ws_dq_v4 &&
-                                   env_switch("FLASH_ATTN_BWD_WS_D256_PLAIN_MOD", true);
-    require_ab_kernels(!params.bwd_ws_d256_dq_atomic, "FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC=1");
+    params.bwd_ws = !g_debug.bwd_lockstep;
+    params.bwd_ws_dq_tma = true;
+    params.bwd_ws_overlap = false;
+    params.bwd_ws_dq_swizzle = true;
+    params.bwd_ws_ds_stsm = true;
+    params.bwd_ws_m128 = true;
+    params.bwd_ws_dropout = true;
+    params.bwd_sm80_variant = 1;
+    params.bwd_ws_d256 = 2;
+    params.bwd_ws_d256_mod = true;
+    params.bwd_ws_dq_v4 = false;
+    params.bwd_ws_d256_dq_atomic = false;
+    params.bwd_ws_d256_plain_mod = true;
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
@@ -496,15 +377,12 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // hopper/flash_bwd_ws_launch_sm90.h, applies the same conditions, plus stride / alignment checks
 // under which it declines and the lock-step kernel's sliced mode runs instead): the WS kernel with
 // the dQ bulk reduce-add, no dropout, no softcap at d64, dense, head dim a multiple of 8; at head
-// dim 256 the split-d kernel's exchange form unless FLASH_ATTN_BWD_WS_D256_MOD=0, whose writer warp
-// adds the dQ tiles in order from the Q / dO stage (kDqStage). FLASH_ATTN_BWD_WS_DET=0 (read at each call) keeps
-// deterministic calls on the lock-step (d256: SM80-class) kernel.
+// dim 256 the split-d kernel's exchange form, whose writer warp
+// adds the dQ tiles in order from the Q / dO stage (kDqStage).
 bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 #ifdef FLASH_ATTN_SM90A
-    const bool tile_ok = p.head_dim_tile == 256 ? bwd_ws_d256_mode() == 2 && bwd_ws_d256_mod_enabled()
-                                                : (p.head_dim_tile == 64 || p.head_dim_tile == 128) && bwd_ws_dq_tma_enabled();
-    return p.use_sm90 && tile_ok && bwd_ws_enabled() && env_switch("FLASH_ATTN_BWD_WS_DET", true) &&
-           p.p_dropout <= 0.f && !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;
+    const bool tile_ok = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256;
+    return p.use_sm90 && tile_ok && p.p_dropout <= 0.f && !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;
 #else
     (void)p, (void)varlen;
     return false;
@@ -522,16 +400,7 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // kernel, kDqStage: the writer warp's ordered bulk reduces): 1; session 12, bf16 8k, 1 / 2 slices:
 // 7.72 / 7.69 ms, causal 4.13 / 4.31 ms (default 6.50 / 3.28; docs/results/s12/s2_bench_bwd_d256_mod.log).
 // (Session 11's consumer-ordered atomics, all ATOMG: 14.9 / 16.4 / 17.3 / 18.3 ms for 1 / 2 / 4 / 8.)
-// FLASH_ATTN_BWD_WS_DET_SPLITS=1..8 (read at
-// each call) overrides it, for measurement.
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
-    const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_SPLITS");
-    if (env != nullptr && env[0] != '\0') {
-        const std::string choice(env);
-        FLASH_CHECK(choice.size() == 1 && choice[0] >= '1' && choice[0] <= '8',
-                    "flash_attn: FLASH_ATTN_BWD_WS_DET_SPLITS must be an integer from 1 to 8, got '", choice, "'");
-        return choice[0] - '0';
-    }
     if (p.head_dim_tile == 256) return 1;
     const bool descending = p.window_right < flash::kWindowUnbounded;  // as bwd_ws_det_descending
     return descending || max_seqlen_k <= 128 ? 1 : 2;
@@ -542,15 +411,8 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
 // default for 1 / 2 / 4 heads (docs/results/s17/hg_det_head_group_ab.log): d64 1.014 / 1.011 /
 // 1.005, d128 1.037 / 1.045 / 1.055, d256 1.214 / **1.191** / 1.385 (4 heads' Q, dO and fp32 dQ
 // slices, 64 MB, no longer fit in L2). Default: 2 at head dim 256, else 1 (one head after the
-// other). FLASH_ATTN_BWD_WS_DET_HEAD_GROUP=1..8 (read at each call) overrides it, for measurement.
-int ws_det_head_group(const flash::BwdParams &p) {
-    const char *env = std::getenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP");
-    if (env == nullptr || env[0] == '\0') return p.head_dim_tile == 256 ? 2 : 1;
-    const std::string choice(env);
-    FLASH_CHECK(choice.size() == 1 && choice[0] >= '1' && choice[0] <= '8',
-                "flash_attn: FLASH_ATTN_BWD_WS_DET_HEAD_GROUP must be an integer from 1 to 8, got '", choice, "'");
-    return choice[0] - '0';
-}
+// other).
+int ws_det_head_group(const flash::BwdParams &p) { return p.head_dim_tile == 256 ? 2 : 1; }
 
 // The zeroed fp32 dQ accumulator (`shape` per slice) and the deterministic mode: per-CTA slices on
 // the sm_90a backward and the d = 256 fixed-feature-set kernels, else one int32 counter per (b, h,
@@ -582,12 +444,9 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
     // Sliced sm_90a backward without a left window: the slices are not zeroed; each CTA stores its
     // first key block's dQ (a superset of its later blocks' rows) and the conversion reads only
     // the rows a slice holds (BwdParams::dq_store_first). H200 bf16 8k, deterministic + causal bwd
-    // / default: d64 1.16x -> 1.09x, d128 1.24x -> 1.22x. FLASH_ATTN_DET_STORE_FIRST=0 (read at
-    // each call) zeroes them instead, for A/B. Not on the SM80-class d = 256 kernels: the store
-    // branch in their dQ loop cost 7-13% on every feature backward (ptxas spills).
-    const char *store_first_env = std::getenv("FLASH_ATTN_DET_STORE_FIRST");
-    p.dq_store_first = sm90_splits > 0 && p.window_left >= flash::kWindowUnbounded &&
-                       !(store_first_env != nullptr && std::string(store_first_env) == "0");
+    // / default: d64 1.16x -> 1.09x, d128 1.24x -> 1.22x. Not on the SM80-class d = 256 kernels: the
+    // store branch in their dQ loop cost 7-13% on every feature backward (ptxas spills).
+    p.dq_store_first = sm90_splits > 0 && p.window_left >= flash::kWindowUnbounded;
     // The default (not deterministic) mode: one slice, zeroed row by row by the backward's
     // preprocess kernel (BwdParams::dq_accum_zero_in_preprocess) instead of a fill kernel.
     p.dq_accum_zero_in_preprocess = !deterministic;
@@ -824,7 +683,6 @@ void set_varlen_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &
     p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
     p.is_bf16 = q.scalar_type() == at::kBFloat16;
     p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
-    p.feat_generic = d256_feat_old();
     p.num_splits = 1;
     p.total_q = static_cast<int>(q.size(0));
 }
@@ -1089,27 +947,16 @@ int splitkv_heuristic_sm90(int ctas, int sms, int64_t max_seqlen_k) {
     return static_cast<int>(max_splits);
 }
 
-// FLASH_ATTN_DECODE_KERNEL=old|new, read at each call so that one process can time both: which
-// kernel runs the split-KV calls (decode, paged KV cache) on an sm_90 device, the sm_90a
-// bulk-copy one (new; head dims 64 and 128) or the SM80-class one (old). Unset: new for paged
-// caches, old for contiguous ones. H200, bf16 d128, 32 q / 8 kv heads, 1 token, b16 4k / b16 32k /
-// b4 128k (docs/results/decode_ab_h200.log), GB/s: contiguous old 3416 / 4339 / 4296, new
-// 3376 / 4193 / 4140; page 16 old 2837 / 3321 / 3297, new 3290 / 4204 / 4158 (a row costs the
-// same paged or not when one bulk copy moves it).
-bool decode_kernel_new(bool paged) {
-    const char *env = std::getenv("FLASH_ATTN_DECODE_KERNEL");
-    if (env == nullptr || env[0] == '\0') return paged;
-    const std::string choice(env);
-    FLASH_CHECK(choice == "old" || choice == "new", "flash_attn: FLASH_ATTN_DECODE_KERNEL must be 'old' or 'new', got '",
-                choice, "'");
-    return choice == "new";
-}
-
-// Whether a split-KV call runs the sm_90a decode kernel (see run_mha_fwd_splitkv_).
+// Whether a split-KV call runs the sm_90a bulk-copy decode kernel (see run_mha_fwd_splitkv_): the
+// paged calls at head dims 64 and 128 that the CTA-schedule kernel does not take. Contiguous caches
+// run the SM80-class kernels. H200, bf16 d128, 32 q / 8 kv heads, 1 token, b16 4k / b16 32k / b4 128k,
+// GB/s: contiguous SM80-class 3416 / 4339 / 4296, bulk-copy 3376 / 4193 / 4140; page 16 SM80-class
+// 2837 / 3321 / 3297, bulk-copy 3290 / 4204 / 4158 (a row costs the same paged or not when one bulk
+// copy moves it).
 bool use_sm90_decode(const flash::FwdParams &p, bool paged) {
 #ifdef FLASH_ATTN_SM90A
-    if (paged && p.decode_paged_cta) return false;  // the CTA-schedule kernel (A/B)
-    return p.use_sm90 && (p.d == 64 || p.d == 128) && decode_kernel_new(paged);
+    if (paged && p.decode_paged_cta) return false;  // the CTA-schedule kernel
+    return p.use_sm90 && (p.d == 64 || p.d == 128) && paged;
 #else
     (void)p;
     (void)paged;
@@ -1202,26 +1049,21 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
-        params.decode_cta = decode_cta_variant();
+        params.decode_cta = flash::kDecodeCtaDefault;
         // Paged d128 caches with power-of-two pages and no cache_leftpad run the CTA-schedule kernel
-        // (session 17: 0.96-0.97 of contiguous against the sm_90a bulk-copy kernel's 0.91);
-        // FLASH_ATTN_DECODE_PAGED_CTA=0 keeps them on the sm_90a kernel, which takes the others.
-        const bool paged_cta = env_switch("FLASH_ATTN_DECODE_PAGED_CTA", true);
+        // (0.96-0.97 of contiguous against the sm_90a bulk-copy kernel's 0.91); the sm_90a kernel
+        // takes the other paged calls.
         const int page = paged ? static_cast<int>(k_cache.size(1)) : 0;
-        params.decode_paged_cta = paged_cta && paged && d == 128 && (page & (page - 1)) == 0 &&
+        params.decode_paged_cta = paged && d == 128 && (page & (page - 1)) == 0 &&
                                   !leftpad_k_.has_value() && params.decode_cta == flash::kDecodeCtaDefault &&
                                   params.softcap_scale <= 0.f && params.alibi_slopes_ptr == nullptr;
         params.decode_sm90 = use_sm90_decode(params, paged);
         params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
-        params.decode_skip_rescale = env_switch("FLASH_ATTN_DECODE_SKIP_RESCALE", true);
-        params.decode_l2_prefetch = env_switch("FLASH_ATTN_DECODE_L2_PREFETCH", false);
-        params.decode_pipeline_s = env_switch("FLASH_ATTN_DECODE_PIPELINE", false);
-        params.decode_pdl = env_switch("FLASH_ATTN_DECODE_PDL", true) &&
-                            cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device(), 0) >= 9;
-        require_ab_kernels(!params.decode_pipeline_s, "FLASH_ATTN_DECODE_PIPELINE=1");
-        require_ab_kernels(params.decode_cta == 0 || params.decode_cta == flash::kDecodeCtaDefault,
-                           "FLASH_ATTN_DECODE_CTA=" + std::to_string(params.decode_cta));
+        params.decode_skip_rescale = true;
+        params.decode_l2_prefetch = false;
+        params.decode_pipeline_s = false;
+        params.decode_pdl = cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device(), 0) >= 9;
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);
         if (splits == 0) {
@@ -1290,6 +1132,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
           py::arg("alibi_slopes") = py::none());
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
+    m.def("set_debug_kernel", &set_debug_kernel,
+          "Testing only: force a kernel choice that the heuristics make for other calls; value 0 restores "
+          "the heuristics. 'fwd_ws_d64_rows': 128 or 192; 'fwd_ws_persistent': 1 always, 2 never; "
+          "'fwd_tma_o_off', 'fwd_zero_fill', 'bwd_lockstep': 1",
+          py::arg("name"), py::arg("value"));
     m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
           "Allow (True, the default) or forbid the sm_90a wgmma kernels");
     m.def("sm90_kernels_built", []() {
@@ -1299,7 +1146,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return false;
 #endif
     }, "Whether this build contains sm_90a kernels");
-    m.def("ab_kernels_built", []() { return flash::kBuildAbKernels; },
-          "Whether this build contains the A/B-only kernels (FLASH_ATTN_AB_KERNELS=1)");
     m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
 }

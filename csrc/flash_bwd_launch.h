@@ -125,19 +125,8 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         if constexpr (kFeat) {
             launch_bwd_feat<Traits>(params, stream);
         } else {
-            // A/B (params.bwd_sm80_variant, flash.h; bits in flash_bwd_kernel.h): built with
-            // FLASH_ATTN_AB_KERNELS=1 only (kBuildAbKernels).
-            if constexpr (kBuildAbKernels) {
-                switch (params.bwd_sm80_variant) {
-                    case 0: launch_bwd<Traits, false>(params, stream); break;
-                    case 3: launch_bwd<Traits, false, 0, 3>(params, stream); break;
-                    case 5: launch_bwd<Traits, false, 0, 5>(params, stream); break;
-                    case 7: launch_bwd<Traits, false, 0, 7>(params, stream); break;
-                    default: launch_bwd<Traits, false, 0, 1>(params, stream); break;
-                }
-            } else {
-                launch_bwd<Traits, false, 0, 1>(params, stream);
-            }
+            // Variant 1 (flash_bwd_kernel.h): dQ before dK.
+            launch_bwd<Traits, false, 0, 1>(params, stream);
         }
     }
 }

@@ -426,6 +426,7 @@ void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
 template <typename Traits>
 void launch_splitkv_cta_tma(FwdParams &params, cudaStream_t stream) {
     using Tma = SplitKVCtaTma<Traits>;
+    FLASH_BIND_CONTEXT();
     const typename Tma::Params kp = Tma::make_params(params);
     auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, false, 0, true>;
     FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tma::kSmemSize));

@@ -39,9 +39,8 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
         if (params.splitkv_wide) {
             // Contiguous caches without softcap / ALiBi (and without the wide kernel's A/B switches):
             // cuDNN's schedule, 4 warps x 16 keys of 64-key CTA tiles, K and V of a tile issued
-            // together, 3 buffers (session 15: +0.5-1.3% over the wide kernel, 1.000 / 0.998 / 1.004
-            // of cuDNN in its A/B; flash_fwd_splitkv_cta_kernel.h). params.decode_cta: 11 (the
-            // default), 0 = the wide kernel, other values = A/B-only variants (FLASH_ATTN_AB_KERNELS=1).
+            // together, 3 buffers (+0.5-1.3% over the wide kernel, 1.000 / 0.998 / 1.004 of cuDNN;
+            // flash_fwd_splitkv_cta_kernel.h).
             const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
             const bool wide_ab = !params.decode_skip_rescale || params.decode_l2_prefetch || params.decode_pipeline_s;
             // Paged: where the binding chose it (params.decode_paged_cta: power-of-two pages, no
@@ -55,50 +54,6 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
             if (params.decode_cta > 0 && !paged && !mod && !wide_ab && params.d == 128) {
                 if (params.decode_cta == kDecodeCtaDefault) {
                     launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
-                    return;
-                }
-                if constexpr (kBuildAbKernels) {
-                    // 1..3 = 4 warps x 32 keys of 128-key tiles, 1..3 buffers, K / V alternating; 4 = 4
-                    // warps, 2 buffers, together; 5 / 6 = 8 warps x 16 keys, 2 / 3 buffers alternating;
-                    // 7 / 8 = 8 warps, 2 / 3 buffers together (7: session 15's first default); 9 = 4
-                    // warps, 3 buffers together; 10 / 12 / 13 = 4 warps x 16 keys of 64-key tiles, 4 / 6
-                    // / 2 buffers together; 14 / 15 = 6 warps x 16 keys of 96-key tiles, 2 / 3 buffers; 16 =
-                    // 11 with the h_k CTAs of a (batch, split) in one cluster, in step every 8 tiles; 17 = 11
-                    // with TMA loads.
-                    switch (params.decode_cta) {
-                        case 1: launch_splitkv_cta<SplitKVCtaTraits<Element, 1>>(params, stream); break;
-                        case 2: launch_splitkv_cta<SplitKVCtaTraits<Element, 2>>(params, stream); break;
-                        case 3: launch_splitkv_cta<SplitKVCtaTraits<Element, 3>>(params, stream); break;
-                        case 4: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true>>(params, stream); break;
-                        case 5: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8>>(params, stream); break;
-                        case 6: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8>>(params, stream); break;
-                        case 8: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 8, true>>(params, stream); break;
-                        case 9: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true>>(params, stream); break;
-                        case 10: launch_splitkv_cta<SplitKVCtaTraits<Element, 4, 4, true, 64>>(params, stream); break;
-                        case 7: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 8, true>>(params, stream); break;
-                        case 12: launch_splitkv_cta<SplitKVCtaTraits<Element, 6, 4, true, 64>>(params, stream); break;
-                        case 13: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 4, true, 64>>(params, stream); break;
-                        case 14: launch_splitkv_cta<SplitKVCtaTraits<Element, 2, 6, true, 96>>(params, stream); break;
-                        case 15: launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 6, true, 96>>(params, stream); break;
-                        case 17: {  // the default's shape with TMA loads (sm_90a; dense caches the TMA can address)
-                            using T = SplitKVCtaTraits<Element, 3, 4, true, 64>;
-#ifdef FLASH_ATTN_SM90A
-                            if (params.use_sm90 && params.cu_seqlens_k == nullptr && SplitKVCtaTma<T>::supported(params)) {
-                                launch_splitkv_cta_tma<T>(params, stream);
-                                break;
-                            }
-#endif
-                            launch_splitkv_cta<T>(params, stream);
-                            break;
-                        }
-                        default:  // 16: the default's shape, the KV heads' CTAs in clusters meeting every 8 tiles
-                            if (params.h_k == 2 || params.h_k == 4 || params.h_k == 8) {
-                                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, false, 8>(params, stream);
-                            } else {
-                                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
-                            }
-                            break;
-                    }
                     return;
                 }
             }
@@ -127,11 +82,6 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
                                 : &flash_fwd_splitkv_kernel<Traits, false, true, false>)
                           : (pf ? &flash_fwd_splitkv_kernel<Traits, false, false, true>
                                 : &flash_fwd_splitkv_kernel<Traits, false, false, false>);
-            if constexpr (kBuildAbKernels) {  // A/B only (session 12: 0.3-1.4% slower than skip)
-                if (params.decode_pipeline_s && skip && !pf) {
-                    kernel = &flash_fwd_splitkv_kernel<Traits, false, true, false, /*kPipelineS=*/true>;
-                }
-            }
         }
     }
     if (smem_size >= 48 * 1024) {

@@ -1,6 +1,7 @@
 """Shared helpers for the flash_attn tests: the naive reference, the error rule, and the
 checks that decide whether a GPU test can run here."""
 
+import contextlib
 import math
 
 import pytest
@@ -293,12 +294,16 @@ def require_gpu():
     return ext
 
 
-def require_ab_kernels():
-    """Skip unless the extension was built with FLASH_ATTN_AB_KERNELS=1 (the A/B-only kernels)."""
+@contextlib.contextmanager
+def debug_kernel(name, value):
+    """Force one kernel choice (flash_attn._C.set_debug_kernel) for the block, then restore the
+    heuristics (value 0)."""
     ext = require_gpu()
-    if not ext.ab_kernels_built():
-        pytest.skip("A/B-only kernel: this build left it out (rebuild with FLASH_ATTN_AB_KERNELS=1)")
-    return ext
+    ext.set_debug_kernel(name, int(value))
+    try:
+        yield
+    finally:
+        ext.set_debug_kernel(name, 0)
 
 
 def require_config(dtype, headdim):

@@ -10,6 +10,11 @@ MHA/GQA/MQA crossed partially, long sequences for a few head dims, and the featu
 The full product (batch x head layout) is marked slow: FLASH_ATTN_TEST_FULL=1.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -28,7 +33,7 @@ from fa_test_utils import (
     load_extension,
     max_err,
     ref_fwd_bwd,
-    require_ab_kernels,
+    debug_kernel,
     require_config,
     require_gpu,
 )
@@ -127,18 +132,10 @@ def test_flash_attn_output_long(dtype, d, sq, sk, causal, b, h, hk):
 
 
 # The sm_90a backward has two kernels for plain calls: the warp-specialised one (the default, dQ
-# through a bulk reduce-add) and the lock-step one (FLASH_ATTN_BWD_WS=0; it also serves the
-# feature calls and the strides / head dims the TMA cannot address). The sweep above runs the
-# default; these shapes keep the other paths (and the WS kernel's dQ-atomics form) covered. The
-# variables are read by the binding at each call; elsewhere than sm_90 they change nothing.
-BWD_PATHS = {
-    "lockstep": {"FLASH_ATTN_BWD_WS": "0"},
-    "ws-atomic": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ": "atomic"},
-    # The WS kernel's session-21 defaults switched off (A/B forms, no extra kernels): dQ tiles
-    # row-major instead of swizzled, dS^T stored element-wise instead of with stmatrix.
-    "ws-dq-rowmajor": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DQ_SWIZZLE": "0"},
-    "ws-ds-elementwise": {"FLASH_ATTN_BWD_WS": "1", "FLASH_ATTN_BWD_WS_DS_STSM": "0"},
-}
+# through a bulk reduce-add) and the lock-step one (it serves the feature calls the WS kernel
+# declines and the strides the TMA cannot address; forced here with set_debug_kernel). Elsewhere
+# than sm_90 both run the SM80-class kernel.
+BWD_PATHS = {"ws": 0, "lockstep": 1}
 BWD_PATH_CASES = [
     (torch.bfloat16, 64, 113, 203, False, 3, 6, 2),
     (torch.float16, 64, 1023, 1024, True, 1, 4, 1),
@@ -151,17 +148,15 @@ BWD_PATH_CASES = [
 @pytest.mark.parametrize("path", list(BWD_PATHS))
 @pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
                          [pytest.param(*c, id=_case_id(*c)) for c in BWD_PATH_CASES])
-def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
-    for name, value in BWD_PATHS[path].items():
-        monkeypatch.setenv(name, value)
-    _run_case(dtype, d, sq, sk, causal, b, h, hk)
+def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk):
+    with debug_kernel("bwd_lockstep", BWD_PATHS[path]):
+        _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
 # The sm_90a forward's plain calls run the persistent warp-specialised kernel (one CTA per SM
 # walking the tiles; dynamic tile order for causal / window calls) for head-dim tiles 64 / 128 up
-# to 8k keys, one CTA per tile elsewhere (FLASH_ATTN_FWD_WS_PERSISTENT unset). Both forms do the
-# same per-tile math in the same order: out and lse must be bitwise equal, with the persistent
-# kernel forced (=1) and switched off (=0), over tile counts below and far above the SM count,
+# to 8k keys, one CTA per tile elsewhere. Both forms do the same per-tile math in the same order:
+# out and lse must be bitwise equal, with the persistent kernel forced on and off (set_debug_kernel), over tile counts below and far above the SM count,
 # causal / window / GQA / seqlen_q != seqlen_k (tiles without work) shapes.
 FWD_PERSISTENT_CASES = [
     # (dtype, d, b, sq, sk, h, hk, causal, window)
@@ -197,14 +192,15 @@ def _check_fwd_against_ref(q, k, v, out, lse, causal, window):
     assert_lse_close(lse, lse_ref, q.shape[1], k.shape[1], causal, window)
 
 
-def _fwd_env_modes_bitwise(var, modes, q, k, v, causal, window, monkeypatch, calls=1):
-    """The forward under each value of the run-time switch `var` (the last of `calls` back-to-back
-    calls each): out and LSE bitwise equal across the modes, no NaN; returns the first mode's."""
+def _fwd_debug_modes_bitwise(name, modes, q, k, v, causal, window, calls=1):
+    """The forward under each value of the debug kernel choice `name` (the last of `calls`
+    back-to-back calls each): out and LSE bitwise equal across the modes, no NaN; returns the
+    first mode's."""
     res = {}
     for mode in modes:
-        monkeypatch.setenv(var, mode)
-        for _ in range(calls):
-            out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+        with debug_kernel(name, mode):
+            for _ in range(calls):
+                out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
         res[mode] = (out, lse)
     first, other = res[modes[0]], res[modes[1]]
     assert not torch.isnan(first[0]).any()
@@ -215,16 +211,16 @@ def _fwd_env_modes_bitwise(var, modes, q, k, v, causal, window, monkeypatch, cal
 
 @pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
                          [pytest.param(*c, id=fwd_case_id(c)) for c in FWD_PERSISTENT_CASES])
-def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, monkeypatch):
+def test_flash_attn_forward_persistent_bitwise(dtype, d, b, sq, sk, h, hk, causal, window):
     require_config(dtype, d)
     q, k, v = _random_fwd_inputs(dtype, d, b, sq, sk, h, hk)
-    out, lse = _fwd_env_modes_bitwise("FLASH_ATTN_FWD_WS_PERSISTENT", ("1", "0"), q, k, v, causal, window, monkeypatch)
+    out, lse = _fwd_debug_modes_bitwise("fwd_ws_persistent", (1, 2), q, k, v, causal, window)
     _check_fwd_against_ref(q, k, v, out, lse, causal, window)
 
 
 # The warp-specialised forward's plain kernels write each warpgroup's O tile with one TMA store on
-# dense calls (FLASH_ATTN_FWD_TMA_O, read at each call; =0: 16-byte stores by every thread, the
-# path varlen calls keep). Both write the same values: bitwise equal over the persistent cases
+# dense calls (forced off with set_debug_kernel: 16-byte stores by every thread, the path varlen
+# calls take). Both write the same values: bitwise equal over the persistent cases
 # (partial last tiles, d < tile, one-row shapes), a head dim 256 case (O staged in the Q tile,
 # released after the store), an out tensor with padded rows (TMA-able strides) and, persistent
 # and not, back-to-back calls into the same buffers.
@@ -234,18 +230,18 @@ TMA_O_CASES = FWD_PERSISTENT_CASES + [
 ]
 
 
-@pytest.mark.parametrize("persistent", ["1", "0"])
+@pytest.mark.parametrize("persistent", [1, 2], ids=["persistent", "per-tile"])
 @pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
                          [pytest.param(*c, id=fwd_case_id(c)) for c in TMA_O_CASES])
-def test_flash_attn_forward_tma_o_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, persistent, monkeypatch):
+def test_flash_attn_forward_tma_o_bitwise(dtype, d, b, sq, sk, h, hk, causal, window, persistent):
     require_config(dtype, d)
-    monkeypatch.setenv("FLASH_ATTN_FWD_WS_PERSISTENT", persistent)
     q, k, v = _random_fwd_inputs(dtype, d, b, sq, sk, h, hk)
-    out, lse = _fwd_env_modes_bitwise("FLASH_ATTN_FWD_TMA_O", ("1", "0"), q, k, v, causal, window, monkeypatch, calls=2)
+    with debug_kernel("fwd_ws_persistent", persistent):
+        out, lse = _fwd_debug_modes_bitwise("fwd_tma_o_off", (0, 1), q, k, v, causal, window, calls=2)
     _check_fwd_against_ref(q, k, v, out, lse, causal, window)
 
 
-def test_flash_attn_forward_tma_o_strided_out(monkeypatch):
+def test_flash_attn_forward_tma_o_strided_out():
     """A caller's out with padded rows and heads: the TMA store honours its strides and leaves the
     padding alone."""
     require_config(torch.bfloat16, 128)
@@ -254,9 +250,8 @@ def test_flash_attn_forward_tma_o_strided_out(monkeypatch):
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     big = torch.full((b, s, h + 1, d + 64), 7.0, device="cuda", dtype=torch.bfloat16)
     out = big[:, :, :h, :d]  # row stride (h + 1) (d + 64), head stride d + 64: 16-byte multiples
-    monkeypatch.setenv("FLASH_ATTN_FWD_TMA_O", "0")
-    ref = flash_attn_func(q, k, v, causal=True)
-    monkeypatch.setenv("FLASH_ATTN_FWD_TMA_O", "1")
+    with debug_kernel("fwd_tma_o_off", 1):
+        ref = flash_attn_func(q, k, v, causal=True)
     # The binding's fwd(q, k, v, out, softmax_scale, causal, window_left, window_right, softcap,
     # alibi_slopes, dropout_p, return_softmax) writes into an aligned out in place.
     _ext_for(q).fwd(q, k, v, out, d ** -0.5, True, -1, 0, 0.0, None, 0.0, False)
@@ -288,7 +283,7 @@ def test_flash_attn_forward_growing_scores(dtype, d, causal):
     assert_lse_close(lse, lse_ref, sq, sk, causal, (-1, -1))
 
 
-# The d64 warp-specialised forward's two tile shapes, each forced (FLASH_ATTN_FWD_WS_D64_M):
+# The d64 warp-specialised forward's two tile shapes, each forced (set_debug_kernel):
 # 128 x 128 with 2 consumer warpgroups (the default for causal calls up to 1024 queries and keys
 # and for windows of at most 513 keys) and FA3's 192 x 128 with 3 (the default otherwise): the
 # persistent cases' d64 ones plus odd lengths, one-row shapes, MQA, windows.
@@ -304,63 +299,24 @@ D64_TILE_CASES = [c for c in FWD_PERSISTENT_CASES if c[1] <= 64] + [
 @pytest.mark.parametrize("rows", ["128", "192"])
 @pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, causal, window",
                          [pytest.param(*c, id=fwd_case_id(c)) for c in D64_TILE_CASES])
-def test_flash_attn_forward_d64_tile_rows(dtype, d, b, sq, sk, h, hk, causal, window, rows, monkeypatch):
+def test_flash_attn_forward_d64_tile_rows(dtype, d, b, sq, sk, h, hk, causal, window, rows):
     require_config(dtype, d)
-    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", rows)
     q, k, v = _random_fwd_inputs(dtype, d, b, sq, sk, h, hk)
-    out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    with debug_kernel("fwd_ws_d64_rows", int(rows)):
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
     _check_fwd_against_ref(q, k, v, out, lse, causal, window)
 
 
-def test_flash_attn_forward_d64_tile_rows_rejects_unknown(monkeypatch):
-    require_config(torch.bfloat16, 64)
-    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D64_M", "64")
-    q = torch.randn(1, 33, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_FWD_WS_D64_M"):
-        flash_attn_func(q, q, q)
+def test_set_debug_kernel_rejects_unknown():
+    ext = require_gpu()
+    with pytest.raises(ValueError, match="fwd_ws_d64_rows"):
+        ext.set_debug_kernel("fwd_ws_d64_rows", 64)
+    with pytest.raises(ValueError, match="unknown name"):
+        ext.set_debug_kernel("no_such_kernel", 1)
 
 
-# A/B only (FLASH_ATTN_AB_KERNELS=1 builds): FA3's key tiles, d128 128 x 176
-# (FLASH_ATTN_FWD_WS_D128_N=176) and d256 128 x 80 (FLASH_ATTN_FWD_WS_D256_N=80), which serve the
-# calls without a window or dropout (softcap / ALiBi included). Key counts that leave partial
-# 176 / 80-key tiles, one-row shapes, GQA, head dims below the tile.
-ALT_KEY_TILE_CASES = [
-    # (dtype, d, b, sq, sk, h, hk, softcap, alibi)
-    (torch.bfloat16, 128, 2, 1023, 1024, 8, 8, 0.0, False),
-    (torch.float16, 128, 3, 113, 177, 6, 2, 0.0, False),
-    (torch.bfloat16, 112, 1, 1, 353, 4, 1, 0.0, False),
-    (torch.bfloat16, 128, 2, 300, 700, 4, 4, 30.0, False),
-    (torch.bfloat16, 128, 2, 300, 700, 4, 2, 0.0, True),
-    (torch.bfloat16, 256, 2, 1023, 1024, 4, 4, 0.0, False),
-    (torch.float16, 256, 1, 17, 81, 4, 2, 0.0, False),
-    (torch.bfloat16, 200, 2, 300, 719, 4, 4, 30.0, True),
-]
-
-
-@pytest.mark.parametrize("dtype, d, b, sq, sk, h, hk, softcap, alibi",
-                         [pytest.param(*c, id=f"{DTYPE_NAMES[c[0]]}-d{c[1]}-b{c[2]}-{c[3]}x{c[4]}-h{c[5]}/{c[6]}"
-                                              f"{'-softcap' if c[7] else ''}{'-alibi' if c[8] else ''}")
-                          for c in ALT_KEY_TILE_CASES])
-def test_flash_attn_forward_alt_key_tiles_ab_only(dtype, d, b, sq, sk, h, hk, softcap, alibi, monkeypatch):
-    require_config(dtype, d)
-    require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_FWD_WS_D128_N" if d <= 128 else "FLASH_ATTN_FWD_WS_D256_N",
-                       "176" if d <= 128 else "80")
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    slopes = torch.rand(b, h, device="cuda", dtype=torch.float32) * 0.3 if alibi else None
-    out, lse, _ = flash_attn_func(q, k, v, softcap=softcap, alibi_slopes=slopes, return_attn_probs=True)
-    out_ref, lse_ref = attention_ref(q, k, v, softcap=softcap, alibi_slopes=slopes, upcast=True)
-    out_pt, _ = attention_ref(q, k, v, softcap=softcap, alibi_slopes=slopes, upcast=False)
-    assert_close_to_ref("out", out, out_ref, out_pt, OUT_SLACK)
-    assert_lse_close(lse, lse_ref, sq, sk, False, (-1, -1))
-
-
-# The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles; the default
-# since session 14) and, in FLASH_ATTN_AB_KERNELS=1 builds, the 64-row one it replaced
-# (FLASH_ATTN_BWD_WS_M128=0). Odd and tile-boundary lengths, one-row and one-key shapes, GQA / MQA,
-# d < 64.
+# The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles). Odd and
+# tile-boundary lengths, one-row and one-key shapes, GQA / MQA, d < 64.
 M128_CASES = BWD_PATH_CASES[:2] + [
     (torch.bfloat16, 64, 1, 300, True, 2, 4, 4),
     (torch.float16, 64, 300, 1, False, 2, 4, 2),
@@ -372,13 +328,9 @@ M128_CASES = BWD_PATH_CASES[:2] + [
 ]
 
 
-@pytest.mark.parametrize("m128", ["1", "0"], ids=["m128", "m64_ab_only"])
 @pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk",
                          [pytest.param(*c, id=_case_id(*c)) for c in M128_CASES])
-def test_flash_attn_backward_m128(m128, dtype, d, sq, sk, causal, b, h, hk, monkeypatch):
-    if m128 == "0":
-        require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", m128)
+def test_flash_attn_backward_m128(dtype, d, sq, sk, causal, b, h, hk):
     _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
@@ -537,6 +489,39 @@ def _fwd_bwd(q, k, v, dout, **kw):
     return out, lse, dq, dk, dv
 
 
+# TMA descriptors are encoded on the calling thread, which needs the device's context current: torch's
+# autograd worker (the backward) and a fresh Python thread (the forward) select the device without
+# binding one, and when the caching allocator serves every allocation nothing else binds it. A fresh
+# process, so that no earlier test has bound the context on those threads.
+def test_tma_kernels_on_threads_without_a_current_context():
+    require_config(torch.bfloat16, 64)
+    code = textwrap.dedent("""
+        import threading, torch
+        from flash_attn import flash_attn_func
+        def run():
+            for shape in [(2, 128, 4, 64), (2, 77, 4, 64)]:
+                q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+                out = flash_attn_func(q, k, v, causal=True)
+                out.backward(torch.randn_like(out))
+                assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+            torch.cuda.synchronize()
+        run()
+        errors = []
+        def guarded():
+            try:
+                run()
+            except Exception as e:
+                errors.append(repr(e))
+        t = threading.Thread(target=guarded); t.start(); t.join()
+        assert not errors, errors
+        print("ok")
+    """)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fi.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+
+
 def test_side_stream():
     """The kernels run on the current stream: inputs written on a side stream after a long
     sleep must be seen, and the results match the default-stream ones."""
@@ -565,15 +550,19 @@ def test_side_stream():
             assert torch.equal(a, r), f"{name} differs between the side stream and the default stream"
 
 
-# The forward launches no zero fill (session 24): the kernel writes rng_state (zeros without
-# dropout), and the persistent forward's tile counter is one per stream that each kernel's last
-# CTA zeroes again (a per-call zero fill under graph capture and with FLASH_ATTN_FWD_ZERO_FILL=1).
-@pytest.mark.parametrize("fill", ["0", "1"])
+# The forward launches no zero fill: the kernel writes rng_state (zeros without dropout), and the
+# persistent forward's tile counter is one per stream that each kernel's last CTA zeroes again (a
+# per-call zero fill under graph capture, forced here with set_debug_kernel("fwd_zero_fill", 1)).
+@pytest.mark.parametrize("fill", [0, 1])
 @pytest.mark.parametrize("d", [64, 128])
-def test_forward_rng_state_zeros_without_fill(d, fill, monkeypatch):
+def test_forward_rng_state_zeros_without_fill(d, fill):
     dtype = torch.bfloat16
     require_config(dtype, d)
-    monkeypatch.setenv("FLASH_ATTN_FWD_ZERO_FILL", fill)
+    with debug_kernel("fwd_zero_fill", fill):
+        _rng_state_cases(d, dtype)
+
+
+def _rng_state_cases(d, dtype):
     for causal in (False, True):
         for sk in (300, 0):
             q = torch.randn(2, 257, 4, d, device="cuda", dtype=dtype)
@@ -586,7 +575,7 @@ def test_forward_rng_state_zeros_without_fill(d, fill, monkeypatch):
             assert rng_state.tolist() == [0, 0], (causal, sk)
 
 
-def test_forward_tile_counter_streams_and_graphs(monkeypatch):
+def test_forward_tile_counter_streams_and_graphs():
     """Causal forwards (the persistent kernel's dynamic tile order) of different shapes, many in a
     row on two streams at once and replayed from a CUDA graph between eager calls on the capture
     stream: each bitwise equal to the same call with a per-call zeroed counter."""
@@ -596,9 +585,8 @@ def test_forward_tile_counter_streams_and_graphs(monkeypatch):
     cases = []
     for b, s, h, d in shapes:
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
-        monkeypatch.setenv("FLASH_ATTN_FWD_ZERO_FILL", "1")
-        ref = flash_attn_func(q, k, v, causal=True)
-        monkeypatch.delenv("FLASH_ATTN_FWD_ZERO_FILL")
+        with debug_kernel("fwd_zero_fill", 1):
+            ref = flash_attn_func(q, k, v, causal=True)
         cases.append((q, k, v, ref))
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]

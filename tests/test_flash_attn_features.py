@@ -21,9 +21,9 @@ from fa_test_utils import (
     DTYPE_NAMES,
     attention_ref,
     check_against_ref,
+    debug_kernel,
     dropout_keep_ref,
     local_visible,
-    require_ab_kernels,
     require_config,
 )
 
@@ -156,8 +156,8 @@ def test_combinations(feat, dtype, d, sq, sk, causal, b, h, hk):
 
 # Softcap / ALiBi and dropout backwards at head dims 64 and 128 (multiples of 8) run the
 # warp-specialised sm_90a kernel's score-modifier variant (softcap at d128 only) and its dropout
-# variant by default, and the lock-step feature kernel with FLASH_ATTN_BWD_WS=0 (read at each call;
-# elsewhere than sm_90 both run the SM80-class kernel). Dropout: the reference applies the mask
+# variant by default, and the lock-step feature kernel when forced (set_debug_kernel; elsewhere
+# than sm_90 both run the SM80-class kernel). Dropout: the reference applies the mask
 # recovered from S_dmask.
 # The rotated sweeps above meet d = 64 not at all (their head dims: 32, 59, 96, 128, 256).
 MOD_FEATS = [{"softcap": 5.0}, {"alibi": "h"}, {"alibi": "bh", "window": (32, 32)},
@@ -168,11 +168,16 @@ MOD_SHAPES = [(113, 203, False, 2, 6, 2), (239, 113, True, 1, 4, 1), (1, 77, Fal
               (317, 1000, True, 2, 6, 2)]
 
 
-@pytest.mark.parametrize("bwd_ws", ["1", "0"], ids=["ws", "lockstep"])
+@pytest.mark.parametrize("lockstep", [0, 1], ids=["ws", "lockstep"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("feat", MOD_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
-def test_feature_backward_paths(feat, d, bwd_ws, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS", bwd_ws)
+def test_feature_backward_paths(feat, d, lockstep):
+    require_config(torch.bfloat16, d)
+    with debug_kernel("bwd_lockstep", lockstep):
+        _run_mod_shapes(feat, d)
+
+
+def _run_mod_shapes(feat, d):
     for i, (sq, sk, causal, b, h, hk) in enumerate(MOD_SHAPES):
         _run(DTYPES[i % 2], d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
 
@@ -349,11 +354,7 @@ def test_dropout_eval_mode_matches_plain():
         (64, True, (-1, -1), 2, 1100, 1000),
     ],
 )
-@pytest.mark.parametrize("ws_det", ["1", "0"], ids=["ws", "lockstep"])
-def test_deterministic_bitwise(d, causal, window, hk, sq, sk, ws_det, monkeypatch):
-    # FLASH_ATTN_BWD_WS_DET=0 keeps d64 / d128 deterministic calls on the lock-step kernel's
-    # sliced mode (read at each call; the other head dims run it either way).
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_DET", ws_det)
+def test_deterministic_bitwise(d, causal, window, hk, sq, sk):
     dtype = torch.bfloat16
     require_config(dtype, d)
     b, h = 2, 4
@@ -368,37 +369,6 @@ def test_deterministic_bitwise(d, causal, window, hk, sq, sk, ws_det, monkeypatc
         again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         for name, a, r in zip(("dq", "dk", "dv"), again, first):
             assert torch.equal(a, r), f"{name} differs between deterministic runs"
-
-
-# FLASH_ATTN_BWD_WS_DET_HEAD_GROUP (read at each call): how many heads' key blocks the WS
-# deterministic causal backward interleaves in its launch order. Only the launch order changes,
-# not the order of the dQ additions, so every group size gives the same bits; b * h = 1 x 3 and
-# 3 x 5 leave a last group with fewer heads.
-@pytest.mark.parametrize("d, b, h, hk, sq, sk, window", [
-    (64, 1, 3, 3, 1031, 777, (-1, 0)),
-    (128, 3, 5, 5, 600, 1100, (-1, 0)),
-    (128, 2, 4, 2, 513, 513, (200, 0)),
-    (256, 1, 3, 1, 700, 900, (-1, 0)),
-])
-def test_deterministic_head_group_bitwise(d, b, h, hk, sq, sk, window, monkeypatch):
-    dtype = torch.bfloat16
-    require_config(dtype, d)
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    out = flash_attn_func(q, k, v, window_size=window, deterministic=True)
-    grads = {}
-    for group in ("1", "2", "3", "8"):
-        monkeypatch.setenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP", group)
-        grads[group] = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    check_against_ref(out, None, grads["2"], q, k, v, dout, False, grad_factor=3, window_size=window)
-    for group, g in grads.items():
-        for name, a, r in zip(("dq", "dk", "dv"), g, grads["1"]):
-            assert torch.equal(a, r), f"{name} with head group {group} differs from head group 1"
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_DET_HEAD_GROUP", "9")
-    with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_BWD_WS_DET_HEAD_GROUP"):
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
 def test_deterministic_matches_default_closely():
@@ -437,26 +407,19 @@ def test_feature_errors_on_gpu():
     # suite only goes through the public API, which validates in Python first.
 
 
-# The d64 WS backward on 128-row query blocks (the default since session 14) with sliding windows
-# (tiles skipped per 128-row block).
+# The d64 WS backward on 128-row query blocks with sliding windows (tiles skipped per 128-row block).
 @pytest.mark.parametrize("window", [(0, 0), (16, 0), (7, 23), (64, -1), (-1, 40)])
 @pytest.mark.parametrize("sq, sk", [(113, 203), (317, 1000)])
-def test_window_backward_m128(window, sq, sk, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
+def test_window_backward_m128(window, sq, sk):
     _run(torch.bfloat16, 64, sq, sk, False, 2, 6, 2, window=window)
 
 
-# ALiBi and / or deterministic d64 calls: the score-modifier WS kernel on 128-row query blocks (the
-# default since session 14; deterministic: one counter per 128-row block) and, in A/B builds, on
-# the 64-row blocks (FLASH_ATTN_BWD_WS_M128=0). Deterministic reruns must be bitwise equal.
-@pytest.mark.parametrize("m128", ["1", "0"], ids=["m128", "m64_ab_only"])
+# ALiBi and / or deterministic d64 calls: the score-modifier WS kernel on 128-row query blocks
+# (deterministic: one counter per 128-row block). Deterministic reruns must be bitwise equal.
 @pytest.mark.parametrize("alibi, deterministic", [("bh", False), (None, True), ("h", True)])
 @pytest.mark.parametrize("causal, window, sq, sk", [(False, (-1, -1), 317, 1000), (True, (-1, -1), 1000, 317),
                                                     (False, (40, 7), 257, 259)])
-def test_mod_backward_m128(m128, alibi, deterministic, causal, window, sq, sk, monkeypatch):
-    if m128 == "0":
-        require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", m128)
+def test_mod_backward_m128(alibi, deterministic, causal, window, sq, sk):
     _run(torch.bfloat16, 64, sq, sk, causal, 2, 6, 2, window=window, alibi=alibi, deterministic=deterministic)
     if deterministic:
         require_config(torch.bfloat16, 64)

@@ -19,7 +19,7 @@ from flash_attn import (
 )
 from flash_attn.layers.rotary import apply_rotary_emb_torch
 
-from fa_test_utils import DTYPE_NAMES, dropout_keep_ref, max_err, require_ab_kernels, require_config, require_gpu
+from fa_test_utils import DTYPE_NAMES, dropout_keep_ref, max_err, require_config, require_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -758,9 +758,8 @@ def test_kvcache_many_splits_fill_gpu():
     torch.testing.assert_close(c, b, atol=2e-3, rtol=1e-2)
 
 
-# The combine step (session 18): lse of up to 128 splits in 4 registers per lane, partials loaded 8
-# splits at a time, a programmatic dependent launch on sm_90 (FLASH_ATTN_DECODE_PDL, read at each
-# call). Split counts across the register / chunk boundaries, head dims with 2, 3, 4 and 8 columns per
+# The combine step: lse of up to 128 splits in 4 registers per lane, partials loaded 8 splits at a
+# time, a programmatic dependent launch on sm_90. Split counts across the register / chunk boundaries, head dims with 2, 3, 4 and 8 columns per
 # lane, sequences whose tail splits are empty (seqused shorter than the cache), against the reference.
 @pytest.mark.parametrize("num_splits", [2, 9, 33, 128])
 @pytest.mark.parametrize("d", [64, 96, 128, 256])
@@ -768,199 +767,65 @@ def test_kvcache_combine_split_counts(d, num_splits):
     _run_kvcache(d=d, b=2, sq=1, h=8, hk=2, seqlen_cache=16 * 1024 + 17, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("num_splits, seqlen_cache, paged", [(4, 131, False), (0, 40000, False), (7, 3001, True)])
-def test_kvcache_combine_pdl_bitwise(d, num_splits, seqlen_cache, paged, monkeypatch):
-    """The programmatic dependent launch changes only when the combine kernel starts: bitwise equal."""
-    require_gpu()
-    require_config(torch.bfloat16, d)
-    torch.manual_seed(seqlen_cache + d)
-    q = torch.randn(3, 1, 32, d, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(3, seqlen_cache, 8, d, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    seqlens = torch.tensor([seqlen_cache, seqlen_cache // 3, 1], dtype=torch.int32, device="cuda")
-    kw = dict(cache_seqlens=seqlens, num_splits=num_splits, return_softmax_lse=True)
-    if paged:  # 16-token pages in a random order (only PDL off / on are compared)
-        pages = (seqlen_cache + 15) // 16
-        kc = torch.randn(3 * pages, 16, 8, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        kw["block_table"] = torch.randperm(3 * pages, device="cuda").view(3, pages).to(torch.int32)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PDL", "0")
-    out0, lse0 = flash_attn_with_kvcache(q, kc, vc, **kw)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PDL", "1")
-    out1, lse1 = flash_attn_with_kvcache(q, kc, vc, **kw)
-    assert not torch.isnan(out1).any() and torch.isfinite(lse1).all()
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
-
-
-# The sm_90a bulk-copy decode kernel (FLASH_ATTN_DECODE_KERNEL=new, read by the binding at each
-# call): the split-KV cases again, plus tail / empty-split / page-size corners. Off sm_90, or for
-# head dims other than 64 / 128, the binding falls back to the SM80-class kernel.
-SM90_DECODE_CASES = [c for c in KV_CASES if not c[0].startswith("prefill")] + [
+# The sm_90a bulk-copy decode kernel: the paged calls that the CTA-schedule kernel does not take
+# (head dim 64, cache_leftpad, pages that are not a power of two), tail / empty-split corners.
+# Off sm_90, or for head dims other than 64 / 128, the SM80-class kernel serves them.
+SM90_DECODE_CASES = [c for c in KV_CASES if c[1].get("page") is not None] + [
     ("d64-paged16-gqa", dict(dtype=torch.float16, d=64, sq=1, page=16, h=32, hk=8)),
-    ("d64-leftpad-causal-sq4", dict(d=64, sq=4, leftpad=True, causal=True, h=8, hk=2)),
-    ("splits64-mostly-empty", dict(sq=1, h=32, hk=8, seqlen_cache=200, num_splits=64)),
+    ("d64-paged16-splits64-mostly-empty", dict(d=64, sq=1, page=16, h=32, hk=8, seqlen_cache=200, num_splits=64)),
     ("paged16-leftpad-split5", dict(sq=1, page=16, leftpad=True, num_splits=5, seqlen_cache=1000)),
-    ("paged256-gqa-causal-sq4", dict(sq=4, page=256, h=32, hk=8, causal=True, seqlen_cache=3000)),
-    ("fp16-d128-long-split-heuristic", dict(dtype=torch.float16, sq=1, b=2, h=32, hk=8, seqlen_cache=9000)),
+    ("paged48-gqa-causal-sq4", dict(sq=4, page=48, h=32, hk=8, causal=True, seqlen_cache=3000)),
+    ("fp16-d128-paged48-split-heuristic", dict(dtype=torch.float16, sq=1, b=2, h=32, hk=8, page=48,
+                                                seqlen_cache=9000)),
 ]
 
 
 @pytest.mark.parametrize("name, kw", SM90_DECODE_CASES, ids=[c[0] for c in SM90_DECODE_CASES])
-def test_kvcache_sm90_decode_kernel(name, kw, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "new")
+def test_kvcache_paged_decode_cases(name, kw):
     _run_kvcache(**kw)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seqlen_cache", [32 * 1024, 128 * 1024 + 5])
-@pytest.mark.parametrize("page", [None, 16])
-def test_kvcache_sm90_decode_long_context(seqlen_cache, page, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_DECODE_KERNEL", "new")
+@pytest.mark.parametrize("page", [None, 16, 48])
+def test_kvcache_decode_long_context(seqlen_cache, page):
     _run_kvcache(sq=1, b=1, h=32, hk=8, seqlen_cache=seqlen_cache, page=page)
 
 
-# FLASH_ATTN_DECODE_PIPELINE=1 (A/B-only kernel, FLASH_ATTN_AB_KERNELS=1 builds; read at each call;
-# session 12: 0.3-1.4% slower than the default): the wide d128 split-KV kernel issues the
-# next tile's S MMAs before the current tile's softmax. The split-KV cases against the reference,
-# and bitwise equality with the default on decode / short-prefill shapes (odd cache lengths,
-# causal, window, splits).
-@pytest.mark.parametrize("name, kw", [c for c in KV_CASES if not c[0].startswith("prefill")],
-                         ids=[c[0] for c in KV_CASES if not c[0].startswith("prefill")])
-def test_kvcache_decode_pipeline(name, kw, monkeypatch):
-    require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "1")
-    _run_kvcache(**kw)
-
-
-@pytest.mark.parametrize("sk", [1, 17, 113, 1023, 5000])
-@pytest.mark.parametrize("sq, causal, window, num_splits", [(1, False, (-1, -1), 1), (1, False, (-1, -1), 0),
-                                                            (3, True, (-1, -1), 1), (2, False, (100, 0), 3)])
-def test_kvcache_decode_pipeline_bitwise(sk, sq, causal, window, num_splits, monkeypatch):
-    require_ab_kernels()
-    require_config(torch.bfloat16, 128)
-    torch.manual_seed(sk + 7 * sq)
-    q = torch.randn(2, sq, 32, 128, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(2, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    kw = dict(causal=causal, window_size=window, num_splits=num_splits, return_softmax_lse=True)
-    # Both on the wide kernel (the pipelining is its switch; without it, calls take the CTA-schedule default).
-    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", "0")
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "0")
-    out0, lse0 = flash_attn_with_kvcache(q, kc, vc, **kw)
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PIPELINE", "1")
-    out1, lse1 = flash_attn_with_kvcache(q, kc, vc, **kw)
-    assert not torch.isnan(out1).any()
-    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
-
-
-# FLASH_ATTN_DECODE_CTA (session 15): the d128 split-KV decode with cuDNN's schedule (128-key CTA
-# tiles, K and V loaded by the whole CTA one tile at a time). 11 is the default (64-key tiles, 4 warps,
-# 3 buffers, K and V together), 0 the wide kernel; the A/B-only variants (FLASH_ATTN_AB_KERNELS=1 builds):
-# 4, 6 or 8 warps, 1-6 buffers each, K / V alternating or together, 128-, 96- or 64-key tiles
-# (flash_fwd_splitkv_launch.h).
-# Contiguous caches without softcap / ALiBi take it; the paged / softcap / ALiBi cases here check
-# that those calls still run the wide kernel.
+# The d128 split-KV decode with cuDNN's schedule (64-key CTA tiles, 4 warps, 3 buffers, K and V
+# together): contiguous caches without softcap / ALiBi take it; the paged / softcap / ALiBi cases
+# here check that those calls still run the wide kernel.
 CTA_CASES = [c for c in KV_CASES if c[0] in (
     "decode-gqa", "decode-mqa-split3", "decode-mha-nosplit", "noappend", "noappend-sq5-causal", "append-sq4-causal",
     "append-new3-sq1", "rotary-half", "leftpad", "batch-idx-causal", "local", "local-split", "paged16",
     "decode-gqa-softcap", "decode-gqa-alibi-bh-split3")]
 
 
-def _select_decode_cta(variant, monkeypatch):
-    if variant not in (0, 11):  # 11: the default, 0: the wide kernel; the others are A/B-only
-        require_ab_kernels()
-    monkeypatch.setenv("FLASH_ATTN_DECODE_CTA", str(variant))
-
-
-@pytest.mark.parametrize("stages", list(range(18)))
 @pytest.mark.parametrize("name, kw", CTA_CASES, ids=[c[0] for c in CTA_CASES])
-def test_kvcache_decode_cta(name, kw, stages, monkeypatch):
-    _select_decode_cta(stages, monkeypatch)
+def test_kvcache_decode_cta(name, kw):
     _run_kvcache(**kw)
 
 
-@pytest.mark.parametrize("stages", [0, 1, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17])
 @pytest.mark.parametrize("seqlen_cache, num_splits", [(1, 0), (17, 1), (113, 0), (1023, 3), (5000, 0), (32 * 1024 + 5, 0)])
-def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits, stages, monkeypatch):
-    _select_decode_cta(stages, monkeypatch)
+def test_kvcache_decode_cta_lengths(seqlen_cache, num_splits):
     _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, new_kv=seqlen_cache > 1, num_splits=num_splits)
 
 
-# Paged d128 decode (the sm_90a bulk-copy kernel) across page sizes, cache lengths around tile and page
-# boundaries, left padding (pages then start mid-chunk) and split counts. (Session 16 ran these through a
-# paged form of the CTA-schedule kernel too: correct, but 14-22% slower than the sm_90a kernel.)
-@pytest.mark.parametrize("page", [16, 48, 256])
+# Paged d128 decode across page sizes (power-of-two pages without cache_leftpad: the CTA-schedule
+# kernel; 48-token pages and left padding: the sm_90a bulk-copy kernel), cache lengths around tile
+# and page boundaries, left padding (pages then start mid-chunk) and split counts.
+@pytest.mark.parametrize("page", [16, 32, 64, 256, 48])
 @pytest.mark.parametrize("seqlen_cache, num_splits, leftpad", [(1, 0, False), (17, 1, True), (113, 0, False),
                                                                (1023, 3, True), (5000, 0, False),
-                                                               (32 * 1024 + 5, 0, True)])
+                                                               (32 * 1024 + 5, 0, True), (32 * 1024 + 5, 0, False)])
 def test_kvcache_decode_paged_lengths(page, seqlen_cache, num_splits, leftpad):
     _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, page=page, leftpad=leftpad,
                  new_kv=seqlen_cache > 1, num_splits=num_splits)
 
 
-# Paged d128 caches with power-of-two pages and no cache_leftpad run the CTA-schedule kernel (the
-# default since session 17); FLASH_ATTN_DECODE_PAGED_CTA=0 keeps them on the sm_90a kernel, which
-# also takes the other paged calls (48-token pages, left padding) either way. Both settings here.
-PAGED_CASES = [c for c in KV_CASES if c[1].get("page") is not None]
-
-
-@pytest.mark.parametrize("paged_cta", ["1", "0"])
-@pytest.mark.parametrize("page", [16, 32, 64, 256, 48])
-@pytest.mark.parametrize("seqlen_cache, num_splits, leftpad", [(1, 0, False), (17, 1, False), (113, 0, False),
-                                                               (1023, 3, True), (5000, 0, False),
-                                                               (32 * 1024 + 5, 0, False)])
-def test_kvcache_decode_paged_cta(page, seqlen_cache, num_splits, leftpad, paged_cta, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", paged_cta)
-    _run_kvcache(sq=1, b=2, h=32, hk=8, seqlen_cache=seqlen_cache, page=page, leftpad=leftpad,
-                 new_kv=seqlen_cache > 1, num_splits=num_splits)
-
-
-# The KV_CASES paged cases (run with the default above) on the sm_90a kernel.
-@pytest.mark.parametrize("name, kw", PAGED_CASES, ids=[c[0] for c in PAGED_CASES])
-def test_kvcache_paged_cases_sm90_kernel(name, kw, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_DECODE_PAGED_CTA", "0")
-    _run_kvcache(**kw)
-
-
-# Varlen through the d64 WS backward on 128-row query blocks (the default since session 14;
-# dq_accum's 128 padding rows per sequence hold a whole last block).
+# Varlen through the d64 WS backward on 128-row query blocks (dq_accum's 128 padding rows per
+# sequence hold a whole last block).
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
-def test_varlen_backward_m128(mode, mask, monkeypatch):
-    monkeypatch.setenv("FLASH_ATTN_BWD_WS_M128", "1")
+def test_varlen_backward_m128(mode, mask):
     _run_varlen(torch.bfloat16, 64, 257, 300, mode, mask, 6, 2)
-
-
-@pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_KERNEL", "newest"), ("FLASH_ATTN_DECODE_CTA", "x"),
-                                        ("FLASH_ATTN_DECODE_CTA", "99"), ("FLASH_ATTN_DECODE_PAGED_CTA", "2")])
-def test_kvcache_decode_kernel_switch_rejects_unknown(var, value, monkeypatch):
-    require_gpu()
-    require_config(torch.bfloat16, 128)
-    monkeypatch.setenv(var, value)
-    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises((ValueError, RuntimeError), match=var):
-        flash_attn_with_kvcache(q, kc, kc.clone())
-
-
-# A/B-only kernels (FLASH_ATTN_AB_KERNELS=1 builds): their switches raise in other builds, with
-# an error that names the build flag, instead of silently running the default kernel.
-@pytest.mark.parametrize("var, value", [("FLASH_ATTN_DECODE_PIPELINE", "1"), ("FLASH_ATTN_DECODE_CTA", "1"),
-                                        ("FLASH_ATTN_BWD_WS_DQ_V4", "1"),
-                                        ("FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC", "1"), ("FLASH_ATTN_BWD_WS_M128", "0"),
-                                        ("FLASH_ATTN_BWD_WS_OVERLAP", "1")])
-def test_ab_only_switch_rejected_without_ab_build(var, value, monkeypatch):
-    ext = require_gpu()
-    require_config(torch.bfloat16, 128)
-    if ext.ab_kernels_built():
-        pytest.skip("this build has the A/B-only kernels")
-    monkeypatch.setenv(var, value)
-    q = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises((RuntimeError, ValueError), match="FLASH_ATTN_AB_KERNELS"):
-        if var.startswith("FLASH_ATTN_DECODE_"):
-            flash_attn_with_kvcache(q, kc, kc.clone())
-        else:
-            qg = torch.randn(1, 33, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-            flash_attn_func(qg, qg.detach().clone().requires_grad_(), qg.detach().clone().requires_grad_()).sum().backward()

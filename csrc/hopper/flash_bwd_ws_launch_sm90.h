@@ -49,6 +49,7 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     // dq_accum's layout for the conversion and the kernel (kp.p is a copy): the split-d stage
     // form always swizzles; the kDqTma dQ tiles unless FLASH_ATTN_BWD_WS_DQ_SWIZZLE=0.
     params.dq_accum_swizzled = Traits::kDqStage || (Traits::kDqTma && !Traits::kSplitD && params.bwd_ws_dq_swizzle);
+    FLASH_BIND_CONTEXT();
     BwdWsKernelParams<Traits> kp{};
     kp.p = params;
     kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
@@ -152,58 +153,16 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<kHeadDim>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
     // The score-modifier kernel alone in the _mod translation units: the plain kernels stay out of
-    // them (discarded branch), so that no kernel is compiled twice.
-    if constexpr (kMod) {
-        if constexpr (kHeadDim == 64) {
-            // 128-row query blocks, as the plain d64 kernel below (FLASH_ATTN_BWD_WS_M128=0: the
-            // 64-row kernel, A/B builds only).
-            if (params.bwd_ws_m128 || !kBuildAbKernels) {
-                using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, /*kMod=*/true, false, 0, false,
-                                               false, /*kBlockM=*/128>;
-                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                return true;
-            }
-        }
-        if constexpr (kHeadDim != 64 || kBuildAbKernels) {
-            bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true>>(
-                params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-        }
+    // them (discarded branch), so that no kernel is compiled twice. d64: 128-row query blocks
+    // (FA3's d64 tiles), 2 stages: Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB =
+    // 224 KB; H200 bf16 8k backward 8.57 -> 7.19 ms (causal 4.54 -> 3.84) against 64-row blocks.
+    if constexpr (kHeadDim == 64) {
+        using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, /*kMod=*/kMod, false, 0, false, false,
+                                       /*kBlockM=*/128>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
-        // Each option is its own kernel.
-        if constexpr (kHeadDim == 64) {
-            if constexpr (kBuildAbKernels) {  // FLASH_ATTN_BWD_WS_OVERLAP=1 (A/B only; session 7: no gain)
-                if (params.bwd_ws_overlap) {
-                    if (params.bwd_ws_dq_tma) {
-                        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/true>>(
-                            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                    } else {
-                        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/false, /*kOverlap=*/true>>(
-                            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                    }
-                    return true;
-                }
-            }
-            // The default d64 kernel (session 14): 128-row query blocks (FA3's d64 tiles), 2 stages:
-            // Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB = 224 KB. H200 bf16
-            // 8k backward 8.57 -> 7.19 ms (causal 4.54 -> 3.84) against the 64-row blocks, which
-            // stay for A/B (FLASH_ATTN_BWD_WS_M128=0, FLASH_ATTN_AB_KERNELS=1 builds; the binding
-            // rejects the switch elsewhere, so a default build never needs them).
-            if (params.bwd_ws_dq_tma && (params.bwd_ws_m128 || !kBuildAbKernels)) {
-                using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, false, false, 0, false, false,
-                                               /*kBlockM=*/128>;
-                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                return true;
-            }
-        }
-        if (params.bwd_ws_dq_tma) {
-            if constexpr (kHeadDim != 64 || kBuildAbKernels) {
-                bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true>>(params, stream, rows_q,
-                                                                                         batch_q, lse_elems, dsum_elems);
-            }
-        } else {
-            bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim>>(params, stream, rows_q, batch_q, lse_elems,
-                                                                     dsum_elems);
-        }
+        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/kMod>>(
+            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     }
     return true;
 }
@@ -270,24 +229,8 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
                                            /*kDqStage=*/true>;
             bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
         }
-    } else if (!kBuildAbKernels || params.bwd_ws_d256 == 2) {
-        if constexpr (kBuildAbKernels) {
-            if (params.bwd_ws_dq_v4) {  // A/B only: float4 dQ atomics (session 12: 0.8% slower than float2)
-                using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2,
-                                               /*kDqStage=*/false, /*kDqV4=*/true>;
-                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                return true;
-            }
-            if (params.bwd_ws_d256_dq_atomic) {  // A/B only: float2 dQ atomics (the session-11 kernel)
-                using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2>;
-                bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-                return true;
-            }
-        }
+    } else {
         using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2, /*kDqStage=*/true>;
-        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-    } else if constexpr (kBuildAbKernels) {  // the redundant form (FLASH_ATTN_BWD_WS_D256=1), A/B only
-        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/1>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     }
     return true;

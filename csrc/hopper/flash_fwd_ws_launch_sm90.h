@@ -2,12 +2,10 @@
 // descriptors over the params' q / k / v (dense (b, s, h, d) or varlen packed (total, h, d),
 // arbitrary row / head / batch strides, d contiguous), grid and error checks. Instantiated per
 // (dtype, head dim, variant) by instantiations/flash_fwd_ws_sm90_hdim*_*{,_feat}.cu; called from
-// run_mha_fwd_ (flash_fwd_launch.h) when params.fwd_ws is set (FLASH_ATTN_FWD_WS=1).
+// run_mha_fwd_ (flash_fwd_launch.h) when params.fwd_ws is set.
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -24,9 +22,7 @@ namespace flash {
 //   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB
 //   d256: 128 x 64,  2 stages: Q 64 KB + (K + V) 2 x 64 KB  = 192 KB
 // FA3's d128 128 x 176 and d256 128 x 80 tiles measured 20-25% slower here (H200, bf16, 16k tokens:
-// d128 476 vs 605, d256 459 vs 613 TFLOP/s at seqlen 8k; docs/perf-notes.md); they stay selectable
-// for A/B timing: FLASH_ATTN_FWD_WS_D128_N=176, FLASH_ATTN_FWD_WS_D256_N=80 (read at each call; no
-// window, no dropout).
+// d128 476 vs 605, d256 459 vs 613 TFLOP/s at seqlen 8k; docs/perf-notes.md).
 // Feature variant: the same tiles (dropout needs 64- or 128-key tiles: whole 128-key Philox groups,
 // dropout_sm90.h) plus 8 KB of dropout flags per consumer warpgroup (d64 176 KB, d128 176 KB,
 // d256 208 KB).
@@ -34,10 +30,6 @@ template <typename Element, int kHeadDim>
 using FwdWsTraitsFor = std::conditional_t<
     kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3>,
     std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 64, 2, Element>>>;
-// The alternative (A/B) tiles above.
-template <typename Element, int kHeadDim>
-using FwdWsTraitsAltFor =
-    std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 176, 2, Element>, FwdWsTraitsSm90<256, 80, 2, Element>>;
 
 namespace fwd_ws_detail {
 
@@ -51,6 +43,7 @@ inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (s
 template <typename Traits, bool kFeat, bool kMayPersist = false>
 void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
     using Element = typename Traits::Element;
+    FLASH_BIND_CONTEXT();
     FwdWsKernelParams<Traits> kp{};
     kp.p = params;
     kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
@@ -150,19 +143,9 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         return false;
     }
     const bool dropout = kFeat && params.p_dropout > 0.f;
-    if constexpr (kBuildAbKernels && (kHeadDim == 128 || kHeadDim == 256)) {
-        const char *env = std::getenv(kHeadDim == 128 ? "FLASH_ATTN_FWD_WS_D128_N" : "FLASH_ATTN_FWD_WS_D256_N");
-        const bool alt = env != nullptr && std::strcmp(env, kHeadDim == 128 ? "176" : "80") == 0;
-        if (alt && !dropout && params.window_left >= kWindowUnbounded && params.window_right >= kWindowUnbounded) {
-            fwd_ws_detail::launch<FwdWsTraitsAltFor<Element, kHeadDim>, kFeat, false>(params, stream, rows_q, batch_q,
-                                                                                      rows_k, batch_k);
-            return true;
-        }
-    }
     // d64 plain calls on 128 x 128 tiles with 2 consumer warpgroups instead of FA3's 192 x 128 with
     // 3 where flash::fwd_ws_d64_m128 says so (short causal calls and narrow sliding windows, whose
-    // 192-row tiles are mostly masked work: 512 = 2.67 x 192), or FLASH_ATTN_FWD_WS_D64_M=128 asks
-    // for it.
+    // 192-row tiles are mostly masked work: 512 = 2.67 x 192).
     if constexpr (kHeadDim == 64 && !kFeat) {
         if (fwd_ws_d64_m128(params)) {
             fwd_ws_detail::launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, false, true>(params, stream, rows_q, batch_q,
@@ -171,7 +154,7 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         }
     }
     static_assert(!kFeat || Traits::kDropoutTiles);
-    constexpr bool kMayPersist = !kFeat && (kHeadDim <= 128 || kBuildAbKernels);
+    constexpr bool kMayPersist = !kFeat && kHeadDim <= 128;
     fwd_ws_detail::launch<Traits, kFeat, kMayPersist>(params, stream, rows_q, batch_q, rows_k, batch_k);
     return true;
 }
