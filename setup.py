@@ -106,7 +106,7 @@ def _extensions():
     head_dims = _env_list("FLASH_ATTN_HEAD_DIMS", ALL_HEAD_DIMS, ALL_HEAD_DIMS, int)
     dtypes = _env_list("FLASH_ATTN_DTYPES", ALL_DTYPES, ALL_DTYPES)
 
-    sources = ["csrc/flash_api.cpp", "csrc/flash_dispatch.cpp", "csrc/flash_varlen_util.cu"]
+    sources = ["csrc/api/flash_api.cpp", "csrc/dispatch/flash_dispatch.cpp", "csrc/api/flash_varlen_util.cu"]
     defines = []
     for dt in dtypes:
         for d in head_dims:

@@ -1,0 +1,239 @@
+// Launch of the warp-specialised sm_90a backward (flash_bwd_ws_kernel_sm90.h): tile configuration
+// per head dim, the TMA descriptors over q / dout (dense (b, s, h, d) or varlen packed (total, h,
+// d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
+// dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain), *_mod.cu (softcap / ALiBi /
+// deterministic) and *_drop.cu (dropout);
+// called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set (the default;
+// FLASH_ATTN_BWD_WS=0 turns it off).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common/flash.h"
+#include "common/bwd_passes.h"
+#include "dispatch/flash_bwd_launch.h"  // the declaration of run_mha_bwd_ws_sm90
+#include "common/launch_check.h"
+#include "sm90/flash_bwd_ws_kernel_sm90.h"
+#include "sm90/kernel_traits_bwd_ws_sm90.h"
+
+namespace flash {
+
+// Stages of the Q / dO / LSE / softmax_d ring per head dim (64 x 128 tiles, 128-key CTAs):
+//   d64:  3 stages: Q + dO 3 x 16 KB + K + V 32 KB + dS 2 x 16 KB         = 112 KB
+//   d128: 2 stages: Q + dO 2 x 32 KB + K + V 64 KB + dS 2 x 16 KB         = 160 KB
+// (d128 with 3 stages would take 192 KB; FA3 keeps 2 there.)
+// kDqTma (FLASH_ATTN_BWD_WS_DQ=tma) adds two fp32 dQ tiles: d64 + 2 x 16 KB = 146 KB, d128 +
+// 2 x 32 KB = 226 KB (of 227).
+// kOverlap (FLASH_ATTN_BWD_WS_OVERLAP=1) carries the dQ tile (d/4 fp32 registers per thread)
+// over the next block's S^T / dP^T issue, next to dK, dV, S^T and dP^T: the d64 consumers peak
+// at 180 of their 240 registers; d128 (234 without it) spills 20-28 bytes, so it is built for
+// d64 only.
+// kDropout adds two 8 KB keep-flag buffers: d64 146 + 16 = 162 KB; d128 takes one dQ buffer
+// fewer (226 - 32 + 16 = 210 KB).
+template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false, bool kMod = false,
+          bool kDropout = false>
+using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap, kMod, kDropout>;
+
+namespace bwd_ws_detail {
+
+// TMA wants every global stride a multiple of 16 bytes; a mode of extent 1 is never stepped
+// through, so its stride may be anything: give it one the TMA accepts.
+inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
+inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
+
+template <typename Traits>
+void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems, int64_t dsum_elems) {
+    using Element = typename Traits::Element;
+    // dq_accum's layout for the conversion and the kernel (kp.p is a copy): the split-d stage
+    // form always swizzles; the kDqTma dQ tiles unless FLASH_ATTN_BWD_WS_DQ_SWIZZLE=0.
+    params.dq_accum_swizzled = Traits::kDqStage || (Traits::kDqTma && !Traits::kSplitD && params.bwd_ws_dq_swizzle);
+    FLASH_BIND_CONTEXT();
+    BwdWsKernelParams<Traits> kp{};
+    kp.p = params;
+    kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
+    kp.shape_lse = make_shape(static_cast<int32_t>(lse_elems));
+    kp.shape_dsum = make_shape(static_cast<int32_t>(dsum_elems));
+    auto gmem = [&](void *ptr, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+        return make_tensor(make_gmem_ptr(static_cast<Element const *>(ptr)), kp.shape_q,
+                           make_stride(tma_stride(row_stride, rows_q), _1{}, tma_stride(head_stride, params.h),
+                                       tma_stride(batch_stride, batch_q)));
+    };
+    auto row_tensor = [&](float const *ptr, typename Traits::GmemShapeRow shape) {
+        return make_tensor(make_gmem_ptr(ptr), shape, Stride<_1>{});
+    };
+    using TileQdO = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.q_ptr, params.q_row_stride, params.q_head_stride, params.q_batch_stride),
+                             typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{},
+                              gmem(params.do_ptr, params.do_row_stride, params.do_head_stride, params.do_batch_stride),
+                              typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
+    kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_lse_ptr, kp.shape_lse),
+                               typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
+    kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_d_ptr, kp.shape_dsum),
+                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
+
+    launch_bwd_passes<Element, Traits::kHeadDim, /*kMaySwizzle=*/true>(params, stream, [&] {
+        constexpr int smem_size = Traits::kSmemSize;
+        auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+        params.dq_slice_block_m = Traits::kBlockM, params.dq_slice_block_n = Traits::kBlockN;  // the conversion's view
+        const dim3 grid(ceil_div(params.seqlen_k, Traits::kBlockN), params.b, params.h);
+        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
+        FLASH_CHECK_LAUNCH();
+    });
+}
+
+}  // namespace bwd_ws_detail
+
+namespace bwd_ws_detail {
+
+// The TMA geometry of a call, or false (nothing launched) where the kernel cannot address it:
+// K/V-cache refinements (never set by the backward binding, checked anyway), head dims that are not
+// multiples of 8, q / dout strides the TMA cannot address (not multiples of 16 bytes), LSE /
+// softmax_d buffers of 2^31 elements or more (1-D TMA coordinates are int32).
+template <int kHeadDim>
+bool tma_geometry(BwdParams const &params, int &rows_q, int &batch_q, int64_t &lse_elems, int64_t &dsum_elems) {
+    if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
+        params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0) {
+        return false;
+    }
+    const bool varlen_q = params.cu_seqlens_q != nullptr;
+    rows_q = varlen_q ? params.total_q : params.seqlen_q;
+    batch_q = varlen_q ? 1 : params.b;
+    if (rows_q <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(params.q_ptr) % 16 != 0 || reinterpret_cast<uintptr_t>(params.do_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.softmax_lse_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.softmax_d_ptr) % 16 != 0) {
+        return false;
+    }
+    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
+          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.do_row_stride, rows_q) &&
+          tma_stride_ok(params.do_head_stride, params.h) && tma_stride_ok(params.do_batch_stride, batch_q))) {
+        return false;
+    }
+    // Elements of the LSE / softmax_d buffers as the kernel addresses them (one past the last).
+    // Dense LSE (b, h, seqlen_q), varlen (h, total_q); softmax_d (b, h, seqlen_q_rounded), varlen
+    // (h, accum_rows).
+    lse_elems = varlen_q ? int64_t(params.h - 1) * params.lse_head_stride + params.total_q
+                         : int64_t(params.b - 1) * params.lse_batch_stride + int64_t(params.h - 1) * params.lse_head_stride +
+                               params.seqlen_q;
+    dsum_elems = varlen_q ? int64_t(params.h) * params.accum_rows : int64_t(params.b) * params.h * params.seqlen_q_rounded;
+    return lse_elems < (int64_t(1) << 31) && dsum_elems < (int64_t(1) << 31);
+}
+
+}  // namespace bwd_ws_detail
+
+// Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
+// the lock-step sm_90a backward. Served: kMod = false, the plain backward (no softcap / ALiBi /
+// dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
+// dispatch), the calls with softcap (d128) and / or ALiBi, or deterministic, but no dropout, with
+// the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to the lock-step kernel).
+// Both: causal / sliding window, MQA / GQA, dense or varlen (deterministic: dense). Not served:
+// what tma_geometry rejects.
+template <typename Element, int kHeadDim, bool kMod>
+bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90Bwd<kHeadDim>);
+    const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+    // kMod: no softcap at d64, where the WS kernel's extra MUFU work (tanh, and log2 to recover
+    // it) made the H200's softcap backward slower than the lock-step kernel's (bf16 8k: 15.9 vs
+    // 13.7 ms; d128: 9.4 vs 10.4 ms; ALiBi: d64 9.5 vs 10.0 ms, d128 6.3 vs 7.7 ms;
+    // docs/results/s8/mod_features.log).
+    // Deterministic calls: only those the binding prepared for this kernel (params.bwd_ws_det:
+    // zeroed dq_accum slices and counters, dense, dQ bulk reduce-add); they come through the
+    // feature dispatch (kMod), with or without score modifiers.
+    const bool det_ok = !params.deterministic ||
+                        (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
+    const bool served_features = kMod ? (has_mod || params.deterministic) && det_ok && params.p_dropout <= 0.f &&
+                                            params.bwd_ws_dq_tma && !(kHeadDim == 64 && params.softcap_scale > 0.f)
+                                      : !has_features(params);
+    if (!served_features || (params.dq_accum_splits > 1 && !params.deterministic)) return false;
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<kHeadDim>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
+    // The score-modifier kernel alone in the _mod translation units: the plain kernels stay out of
+    // them (discarded branch), so that no kernel is compiled twice. d64: 128-row query blocks
+    // (FA3's d64 tiles), 2 stages: Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB =
+    // 224 KB; H200 bf16 8k backward 8.57 -> 7.19 ms (causal 4.54 -> 3.84) against 64-row blocks.
+    if constexpr (kHeadDim == 64) {
+        using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, /*kMod=*/kMod, false, 0, false, false,
+                                       /*kBlockM=*/128>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    } else {
+        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/kMod>>(
+            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    }
+    return true;
+}
+
+// The dropout calls (own translation units, *_drop.cu): dropout with or without ALiBi (softcap with
+// dropout is rejected by the binding), dense or varlen, dQ bulk reduce-add, not deterministic
+// (those stay on the lock-step kernel's sliced mode). FLASH_ATTN_BWD_WS_DROPOUT=0 (params.
+// bwd_ws_dropout) sends them to the lock-step kernel, for A/B.
+template <typename Element, int kHeadDim>
+bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90Bwd<kHeadDim>);
+    if (!(params.p_dropout > 0.f && params.bwd_ws_dropout && params.bwd_ws_dq_tma && params.softcap_scale <= 0.f &&
+          !params.deterministic && params.dq_accum_splits <= 1)) {
+        return false;
+    }
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<kHeadDim>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
+    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true,
+                                         /*kDropout=*/true>>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    return true;
+}
+
+// Head dim 256: the split-d kernel (kSplitD: 64-key CTAs, the consumer warpgroups split the head
+// dim, dQ by fp32 atomics; BwdKernelTraitsSm90SplitD), dense or varlen, causal / sliding window,
+// MQA / GQA. params.bwd_ws_d256 (FLASH_ATTN_BWD_WS_D256) picks the form: 2 (the default) the
+// exchange form (S^T / dP^T split by queries, P^T / dS^T through shared memory, 224 KB), 1 the
+// redundant one (both warpgroups compute the whole S^T / dP^T, 208 KB), 0 none (the SM80-class
+// kernel runs). kMod = false: plain calls; kMod = true (the exchange form only, params.
+// bwd_ws_d256_mod: on unless FLASH_ATTN_BWD_WS_D256_MOD=0): dropout (with ALiBi or not, not
+// deterministic; one P^T buffer and two 4 KB flag buffers), softcap and / or
+// ALiBi, or deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det;
+// the consumers add each dQ tile in the slice's order), no dropout. Returns false (nothing
+// launched) for the calls it does not serve.
+template <typename Element, bool kMod>
+bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
+    if (params.bwd_ws_d256 == 0) return false;
+    if constexpr (kMod) {
+        const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+        const bool det_ok = !params.deterministic ||
+                            (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
+        // Dropout (with ALiBi or not; softcap with dropout is rejected by the binding) on its own
+        // kernel, not deterministic (those keep the SM80-class kernels' sliced mode).
+        const bool dropout = params.p_dropout > 0.f;
+        const bool served = dropout ? !params.deterministic && params.softcap_scale <= 0.f
+                                    : (has_mod || params.deterministic || params.bwd_ws_d256_plain_mod) && det_ok;
+        if (!params.bwd_ws_d256_mod || params.bwd_ws_d256 != 2 || !served ||
+            (params.dq_accum_splits > 1 && !params.deterministic)) {
+            return false;
+        }
+    } else if (has_features(params) || params.dq_accum_splits > 1) {
+        return false;
+    }
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
+    if constexpr (kMod) {
+        if (params.p_dropout > 0.f) {
+            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
+                                           /*kSplitD=*/2, /*kDqStage=*/true>;
+            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        } else {  // softcap / ALiBi / deterministic: dQ through the Q / dO stage
+            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
+                                           /*kDqStage=*/true>;
+            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        }
+    } else {
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2, /*kDqStage=*/true>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    }
+    return true;
+}
+
+}  // namespace flash

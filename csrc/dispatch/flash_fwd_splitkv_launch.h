@@ -1,0 +1,98 @@
+// Launch of the split-KV forward and its combine step; the split-count heuristic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/flash.h"
+#include "sm80/flash_fwd_splitkv_cta_kernel.h"
+#include "common/splitkv_combine.h"
+#include "sm80/flash_fwd_splitkv_kernel.h"
+#include "common/launch_check.h"
+
+namespace flash {
+
+#ifdef FLASH_ATTN_SM90A
+// Head-dim tiles with the sm_90a bulk-copy decode kernel (sm90/flash_fwd_decode_sm90.h). It is
+// defined in dispatch/flash_fwd_decode_launch_sm90.h and instantiated in its own translation units
+// (instantiations/flash_fwd_split_sm90_hdim*_*.cu), so that they compile in parallel.
+template <int kHeadDim>
+constexpr bool kHasSm90Decode = kHeadDim == 64 || kHeadDim == 128;
+template <typename Element, int kHeadDim>
+void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream);
+#endif
+
+template <typename Traits>
+void launch_splitkv(FwdParams &params, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
+#ifdef FLASH_ATTN_SM90A
+    // params.decode_sm90: the binding's choice (FLASH_ATTN_DECODE_KERNEL, sm_90 device); the
+    // kernel needs d to fill the tile (no zero columns to pad).
+    if constexpr (kHasSm90Decode<kHeadDim>) {
+        if (params.decode_sm90 && params.d == kHeadDim) {
+            run_mha_fwd_decode_sm90<Element, kHeadDim>(params, stream);
+            return;
+        }
+    }
+#endif
+    if constexpr (kHeadDim == 128) {
+        if (params.splitkv_wide) {
+            // Contiguous caches without softcap / ALiBi (and without the wide kernel's A/B switches):
+            // cuDNN's schedule, 4 warps x 16 keys of 64-key CTA tiles, K and V of a tile issued
+            // together, 3 buffers (+0.5-1.3% over the wide kernel, 1.000 / 0.998 / 1.004 of cuDNN;
+            // flash_fwd_splitkv_cta_kernel.h).
+            const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+            const bool wide_ab = !params.decode_skip_rescale || params.decode_l2_prefetch || params.decode_pipeline_s;
+            // Paged: where the binding chose it (params.decode_paged_cta: power-of-two pages, no
+            // cache_leftpad), in the default variant's shape.
+            const bool paged = params.block_table != nullptr;
+            if (paged && params.decode_paged_cta && params.decode_cta == kDecodeCtaDefault && !mod && !wide_ab &&
+                params.d == 128) {
+                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, /*kPaged=*/true>(params, stream);
+                return;
+            }
+            if (params.decode_cta > 0 && !paged && !mod && !wide_ab && params.d == 128) {
+                if (params.decode_cta == kDecodeCtaDefault) {
+                    launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
+                    return;
+                }
+            }
+            launch_splitkv<SplitKVWideTraits<Element>>(params, stream);
+            return;
+        }
+    }
+    launch_splitkv<SplitKVKernelTraits<kHeadDim, Element>>(params, stream);
+}
+
+template <typename Traits>
+void launch_splitkv(FwdParams &params, cudaStream_t stream) {
+    using Element = typename Traits::Element;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int smem_size = Traits::kSmemSize;
+    // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
+    const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+    auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
+    if constexpr (Traits::kNWarps == 8) {
+        // The wide shape's plain kernel: the binding's A/B switches (params.decode_skip_rescale,
+        // default on; params.decode_l2_prefetch, default off; params.decode_pipeline_s, default
+        // off, with the default skip and no prefetch only).
+        if (!mod) {
+            const bool skip = params.decode_skip_rescale, pf = params.decode_l2_prefetch;
+            kernel = skip ? (pf ? &flash_fwd_splitkv_kernel<Traits, false, true, true>
+                                : &flash_fwd_splitkv_kernel<Traits, false, true, false>)
+                          : (pf ? &flash_fwd_splitkv_kernel<Traits, false, false, true>
+                                : &flash_fwd_splitkv_kernel<Traits, false, false, false>);
+        }
+    }
+    if (smem_size >= 48 * 1024) {
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    }
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+    launch_splitkv_combine<Element, kHeadDim>(params, stream);
+}
+
+}  // namespace flash

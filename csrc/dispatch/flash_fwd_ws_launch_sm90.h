@@ -1,0 +1,162 @@
+// Launch of the warp-specialised sm_90a forward: tile configuration per head dim, the TMA
+// descriptors over the params' q / k / v (dense (b, s, h, d) or varlen packed (total, h, d),
+// arbitrary row / head / batch strides, d contiguous), grid and error checks. Instantiated per
+// (dtype, head dim, variant) by instantiations/flash_fwd_ws_sm90_hdim*_*{,_feat}.cu; called from
+// run_mha_fwd_ (flash_fwd_launch.h) when params.fwd_ws is set.
+#pragma once
+
+#include <algorithm>
+
+#include <cuda_runtime.h>
+
+#include "common/flash.h"
+#include "dispatch/flash_fwd_launch.h"  // the declaration of run_mha_fwd_ws_sm90
+#include "common/launch_check.h"
+#include "sm90/flash_fwd_ws_kernel_sm90.h"
+#include "sm90/kernel_traits_fwd_ws_sm90.h"
+
+namespace flash {
+
+// (kBlockM, kBlockN, stages) per head dim; kBlockM = 64 x consumer warpgroups.
+//   d64:  192 x 128, 4 stages: Q 24 KB + (K + V) 4 x 32 KB  = 152 KB  (3 consumer WGs, FA3's shape)
+//   d128: 128 x 128, 2 stages: Q 32 KB + (K + V) 2 x 64 KB  = 160 KB
+//   d256: 128 x 64,  2 stages: Q 64 KB + (K + V) 2 x 64 KB  = 192 KB
+// FA3's d128 128 x 176 and d256 128 x 80 tiles measured 20-25% slower here (H200, bf16, 16k tokens:
+// d128 476 vs 605, d256 459 vs 613 TFLOP/s at seqlen 8k; docs/perf-notes.md).
+// Feature variant: the same tiles (dropout needs 64- or 128-key tiles: whole 128-key Philox groups,
+// dropout_sm90.h) plus 8 KB of dropout flags per consumer warpgroup (d64 176 KB, d128 176 KB,
+// d256 208 KB).
+template <typename Element, int kHeadDim>
+using FwdWsTraitsFor = std::conditional_t<
+    kHeadDim == 64, FwdWsTraitsSm90<64, 128, 4, Element, 3>,
+    std::conditional_t<kHeadDim == 128, FwdWsTraitsSm90<128, 128, 2, Element>, FwdWsTraitsSm90<256, 64, 2, Element>>>;
+
+namespace fwd_ws_detail {
+
+// TMA wants every global stride a multiple of 16 bytes; a mode of extent 1 is never stepped
+// through, so its stride may be anything: give it one the TMA accepts.
+inline int64_t tma_stride(int64_t stride, int extent) { return extent <= 1 ? 8 : stride; }
+inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
+
+// kMayPersist: also compile the persistent kernel (plain variant, default tiles only), run where
+// fwd_ws_use_persistent (flash.h) says so.
+template <typename Traits, bool kFeat, bool kMayPersist = false>
+void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int rows_k, int batch_k) {
+    using Element = typename Traits::Element;
+    FLASH_BIND_CONTEXT();
+    FwdWsKernelParams<Traits> kp{};
+    kp.p = params;
+    kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
+    kp.shape_k = make_shape(rows_k, params.d, params.h_k, batch_k);
+    auto gmem = [&](void *ptr, typename Traits::GmemShape shape, int64_t row_stride, int64_t head_stride,
+                    int64_t batch_stride) {
+        return make_tensor(make_gmem_ptr(static_cast<Element const *>(ptr)), shape,
+                           make_stride(tma_stride(row_stride, get<0>(shape)), _1{}, tma_stride(head_stride, get<2>(shape)),
+                                       tma_stride(batch_stride, get<3>(shape))));
+    };
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.q_ptr, kp.shape_q, params.q_row_stride, params.q_head_stride,
+                                                   params.q_batch_stride),
+                             typename Traits::SmemLayoutQTile{}, Shape<Int<Traits::kRowsPerWG>, Int<Traits::kHeadDim>>{}, _1{});
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.k_ptr, kp.shape_k, params.k_row_stride, params.k_head_stride,
+                                                   params.k_batch_stride),
+                             typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.v_ptr, kp.shape_k, params.v_row_stride, params.v_head_stride,
+                                                   params.v_batch_stride),
+                             typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+    // O: the TMA store of the kernels that compile it in (see fwd_ws_store), on dense calls where
+    // the TMA can address O; otherwise kp.tma_o stays zero and unused (no descriptor to encode).
+    kp.o_tma = Traits::template kTmaStoreOFor<kFeat> && params.fwd_tma_o && params.cu_seqlens_q == nullptr &&
+               reinterpret_cast<uintptr_t>(params.o_ptr) % 16 == 0 && tma_stride_ok(params.o_row_stride, rows_q) &&
+               tma_stride_ok(params.o_head_stride, params.h) && tma_stride_ok(params.o_batch_stride, batch_q);
+    if (kp.o_tma) {
+        auto gmem_o = make_tensor(make_gmem_ptr(static_cast<Element *>(params.o_ptr)), kp.shape_q,
+                                  make_stride(tma_stride(params.o_row_stride, rows_q), _1{},
+                                              tma_stride(params.o_head_stride, params.h),
+                                              tma_stride(params.o_batch_stride, batch_q)));
+        kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, gmem_o, typename Traits::SmemLayoutOTma{},
+                                 Shape<Int<Traits::kRowsPerWG>, Int<Traits::kHeadDim>>{}, _1{});
+    }
+
+    constexpr int smem_size_tile = Traits::template kSmemSizeFor<kFeat>;
+    static_assert(smem_size_tile <= 227 * 1024, "shared memory of the sm_90a forward (warp-specialised) too large");
+    // Persistent (kMayPersist, fwd_ws_use_persistent): one CTA per SM walking the tiles, so that
+    // a tile's epilogue and the next tile's Q / K / V loads overlap (the producer runs ahead into
+    // the next tile while the consumers finish and store O) and no CTA launch / prologue per tile.
+    const int num_m_blocks = ceil_div(params.seqlen_q, Traits::kBlockM);
+    const int64_t num_tiles = int64_t(num_m_blocks) * params.b * params.h;
+    const bool persistent =
+        kMayPersist && fwd_ws_use_persistent(params, Traits::kHeadDim) && num_tiles < (int64_t(1) << 31);
+    auto kernel = &flash_fwd_ws_kernel_sm90<Traits, kFeat, false>;
+    int smem_size = smem_size_tile;
+    if constexpr (kMayPersist) {
+        static_assert(!kFeat);
+        if (persistent) {
+            kernel = &flash_fwd_ws_kernel_sm90<Traits, false, true>;
+            smem_size = Traits::kSmemSizePersistent;  // + O's own staging buffer where it fits
+        }
+    }
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    dim3 grid(num_m_blocks, params.b, params.h);
+    if (persistent) {
+        int device = 0, sms = 0;
+        FLASH_CUDA_CHECK(cudaGetDevice(&device));
+        FLASH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        grid = dim3(static_cast<unsigned>(std::min<int64_t>(num_tiles, sms)), 1, 1);
+    }
+    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(kp);
+    FLASH_CHECK_LAUNCH();
+}
+
+}  // namespace fwd_ws_detail
+
+// Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
+// the existing forward. Not served: KV-cache refinements (seqused_k, leftpad_k, kv_batch_idx,
+// paged K/V), S_dmask (return_attn_probs with dropout), score modifiers / dropout in the plain
+// variant (kFeat = false), strides the TMA cannot address (not multiples of 16 bytes), a varlen
+// call without total_k.
+template <typename Element, int kHeadDim, bool kFeat>
+bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90FwdWs<kHeadDim>);
+    using Traits = FwdWsTraitsFor<Element, kHeadDim>;
+    if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
+        params.block_table != nullptr || (!kFeat && has_features(params)) || params.s_dmask_ptr != nullptr ||
+        params.d > kHeadDim || params.d % 8 != 0) {
+        return false;
+    }
+    const bool varlen_q = params.cu_seqlens_q != nullptr;
+    const bool varlen_k = params.cu_seqlens_k != nullptr;
+    const int rows_q = varlen_q ? params.total_q : params.seqlen_q;
+    const int batch_q = varlen_q ? 1 : params.b;
+    const int rows_k = varlen_k ? params.total_k : params.seqlen_k;
+    const int batch_k = varlen_k ? 1 : params.b;
+    if (rows_q <= 0 || rows_k <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(params.q_ptr) % 16 != 0 || reinterpret_cast<uintptr_t>(params.k_ptr) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(params.v_ptr) % 16 != 0) {
+        return false;
+    }
+    using fwd_ws_detail::tma_stride_ok;
+    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
+          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.k_row_stride, rows_k) &&
+          tma_stride_ok(params.k_head_stride, params.h_k) && tma_stride_ok(params.k_batch_stride, batch_k) &&
+          tma_stride_ok(params.v_row_stride, rows_k) && tma_stride_ok(params.v_head_stride, params.h_k) &&
+          tma_stride_ok(params.v_batch_stride, batch_k))) {
+        return false;
+    }
+    const bool dropout = kFeat && params.p_dropout > 0.f;
+    // d64 plain calls on 128 x 128 tiles with 2 consumer warpgroups instead of FA3's 192 x 128 with
+    // 3 where flash::fwd_ws_d64_m128 says so (short causal calls and narrow sliding windows, whose
+    // 192-row tiles are mostly masked work: 512 = 2.67 x 192).
+    if constexpr (kHeadDim == 64 && !kFeat) {
+        if (fwd_ws_d64_m128(params)) {
+            fwd_ws_detail::launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, false, true>(params, stream, rows_q, batch_q,
+                                                                                     rows_k, batch_k);
+            return true;
+        }
+    }
+    static_assert(!kFeat || Traits::kDropoutTiles);
+    constexpr bool kMayPersist = !kFeat && kHeadDim <= 128;
+    fwd_ws_detail::launch<Traits, kFeat, kMayPersist>(params, stream, rows_q, batch_q, rows_k, batch_k);
+    return true;
+}
+
+}  // namespace flash

@@ -1,0 +1,442 @@
+// Split-KV decode at d = 128 with cuDNN's schedule: the default for contiguous caches without
+// softcap / ALiBi (FLASH_ATTN_DECODE_CTA, flash_fwd_splitkv_launch.h; default variant 11 since
+// session 16: 64-key CTA tiles, 4 warps x 16 keys, K and V together, 3 buffers).
+//
+// The wide kernel (flash_fwd_splitkv_kernel.h) lets each of 8 warps stream its own 16-key tiles
+// through its own ring: up to 192 KB of K / V in flight per SM, issued by 8 independent streams.
+// cuDNN's decode kernel (ncu, session 4) reads the same bytes at 94-96% of DRAM peak against the
+// wide kernel's 91-93.5% with the opposite shape: 4 warps, one CTA per (batch, KV head), 128-key
+// CTA tiles (each warp takes 32 keys of a tile), K and V loaded by the whole CTA one 32 KB burst
+// at a time, ~86 KB of shared memory. This kernel is that schedule:
+//
+//   top:  barrier (every warp is past P V of tile it - 1)  -> issue V(it + S - 1)
+//   A:    wait K(it), barrier                               -> S = Q K(it)^T, masks, softmax
+//   B:    wait V(it), barrier (every warp is past S(it))    -> issue K(it + S); O += P V(it)
+//
+// with S = kStages buffers each of K and V (S = 1 is cuDNN's 64 KB); kTogether issues K and V of a
+// tile together at the top (no step B barrier). The warps keep their own online softmax and merge
+// at the end (splitkv_merge_and_store), as in the wide kernel; the splits are whole CTA tiles.
+#pragma once
+
+#include <cute/arch/cluster_sm90.hpp>
+#include <cute/tensor.hpp>
+
+#include "common/block_info.h"
+#include "common/flash.h"
+#include "common/splitkv_merge.h"
+#include "common/splitkv_combine.h"
+#include "sm80/flash_fwd_splitkv_kernel.h"
+#include "common/kernel_traits.h"
+#include "common/launch_check.h"
+#include "common/softmax.h"
+#include "common/utils.h"
+#ifdef FLASH_ATTN_SM90A
+#include <cutlass/arch/barrier.h>
+
+#include "sm90/splitkv_cta_tma_sm90.h"
+#endif
+
+namespace flash {
+
+using namespace cute;
+
+// kNWarps 4 (cuDNN's) or 8 (16 keys per warp, two warps per scheduler); kTogether: K and V of a
+// tile issued together at the top of the loop (one barrier fewer, no K / V alternation).
+// kBlockN_: keys per CTA tile (128; 64 for the A/B variants with more, smaller bursts).
+template <typename Element_, int kStages_, int kNWarps_ = 4, bool kTogether_ = false, int kBlockN_ = 128>
+struct SplitKVCtaTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = 128;
+    static constexpr int kBlockM = 16;  // packed rows per CTA
+    static constexpr int kNWarps = kNWarps_;
+    static constexpr int kNThreads = kNWarps * 32;
+    static constexpr int kBlockN = kBlockN_;             // keys per CTA tile
+    static constexpr int kBlockNw = kBlockN / kNWarps;   // keys per warp of a tile
+    static constexpr int kStages = kStages_;
+    static constexpr bool kTogether = kTogether_;
+    static_assert(!kTogether || kStages >= 2, "together with one buffer would leave nothing in flight");
+    // One warp's view (16 rows x 32 keys): MMA, swizzled smem layouts, ldmatrix atoms.
+    using WarpTraits = FwdKernelTraits<kHeadDim, kBlockM, kBlockNw, 1, Element>;
+    static constexpr int kSubTileElems = kBlockNw * kHeadDim;  // one warp's keys of K (or V)
+    static constexpr int kTileElems = kBlockN * kHeadDim;
+    static constexpr int kQElems = kBlockM * kHeadDim;
+    static constexpr int kRingElems = kStages * kTileElems;  // the K ring; the V ring follows it
+    static constexpr int kMergeBytes = kNWarps * kBlockM * kHeadDim * 4 + 2 * kNWarps * kBlockM * 4;
+    static_assert(kMergeBytes <= 2 * kRingElems * int(sizeof(Element)));
+    static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
+};
+
+// kPaged (the paged default since session 17; FLASH_ATTN_DECODE_PAGED_CTA=0 turns it off): K / V
+// rows through params.block_table, for power-of-two pages without cache_leftpad (the binding
+// checks): a thread's rows of a tile come in 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
+// thread kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not
+// a division per row. (Session 16's first paged form, a division and an entry per row, was 14-22%
+// slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on
+// the critical path.)
+// kClusterSync > 0 (A/B-only, FLASH_ATTN_DECODE_CTA=16): the CTAs of one (batch, m block, split)
+// over all KV heads run as one thread-block cluster (launch_splitkv_cta) and meet at a cluster
+// barrier every kClusterSync tiles (arrive, then wait kClusterSync / 2 tiles later), so that they
+// read the 256-byte slices of the same K / V rows (b, s, :, :) at about the same time: a test of
+// whether DRAM row locality across heads is what cuDNN's 0.5% more of peak comes from.
+// kTma (A/B-only, FLASH_ATTN_DECODE_CTA=17, sm_90a): K / V tiles as TMA copies issued by one
+// thread, completed on per-stage mbarriers (sm90/splitkv_cta_tma_sm90.h); the kernel argument
+// then carries the TMA descriptors next to the FwdParams.
+template <typename Traits, bool kTma>
+struct SplitKVCtaArg {
+    using type = FwdParams;
+    using LayoutKV = typename Traits::WarpTraits::SmemLayoutKV;
+    using LayoutVt = typename Traits::WarpTraits::SmemLayoutVt;
+    using LayoutVtNoSwizzle = typename Traits::WarpTraits::SmemLayoutVtNoSwizzle;
+};
+#ifdef FLASH_ATTN_SM90A
+template <typename Traits>
+struct SplitKVCtaArg<Traits, true> {
+    using Tma = SplitKVCtaTma<Traits>;
+    using type = typename Tma::Params;
+    using LayoutKV = typename Tma::SmemLayoutKV;
+    using LayoutVt = typename Tma::SmemLayoutVt;
+    using LayoutVtNoSwizzle = typename Tma::SmemLayoutVtNoSwizzle;
+};
+#endif
+__forceinline__ __device__ FwdParams const &splitkv_cta_params(FwdParams const &params) { return params; }
+template <typename KernelArg>
+__forceinline__ __device__ FwdParams const &splitkv_cta_params(KernelArg const &arg) { return arg.p; }
+
+template <typename Traits, bool kPaged = false, int kClusterSync = 0, bool kTma = false>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_fwd_splitkv_cta_kernel(const __grid_constant__ typename SplitKVCtaArg<Traits, kTma>::type kernel_arg) {
+    FwdParams const &params = splitkv_cta_params(kernel_arg);
+    pdl_launch_dependents();  // the combine kernel may be scheduled once every CTA has started
+    using Arg = SplitKVCtaArg<Traits, kTma>;
+    using Element = typename Traits::Element;
+    using WT = typename Traits::WarpTraits;
+    using TiledMma = typename WT::TiledMma;
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockNw = Traits::kBlockNw;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kNWarps = Traits::kNWarps;
+    constexpr int kNThreads = Traits::kNThreads;
+    constexpr int kStages = Traits::kStages;
+    constexpr bool kTogether = Traits::kTogether;
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+    constexpr int kRowsPerPass = kNThreads / kChunksPerRow;  // rows of a tile one pass of the CTA loads
+    static_assert(kBlockN % kRowsPerPass == 0);
+    static_assert(!kTma || (kTogether && !kPaged && kClusterSync == 0), "TMA: the default variant's schedule only");
+
+    extern __shared__ __align__(1024) char smem[];
+    const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
+    const int m_block = blockIdx.y, split = blockIdx.z;
+    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
+    const int g = params.h_h_k_ratio;
+
+    const BlockInfo binfo(params, bidb);
+    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
+    const int packed_rows = seqlen_q * g;
+    const int p0 = m_block * kBlockM;
+    if (p0 >= packed_rows) return;
+    const int diag = seqlen_k - seqlen_q;
+
+    // Keys this row block can see, in whole CTA tiles, and this split's share of them.
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const int s_begin = tiles.begin, n_tiles = max(0, tiles.end - tiles.begin);
+
+    // ---- shared memory: Q | K ring (kStages x 4 warp sub-tiles) | V ring ----
+    Element *smem_q = reinterpret_cast<Element *>(smem);
+    Element *smem_k = smem_q + Traits::kQElems;
+    Element *smem_v = smem_k + Traits::kRingElems;
+    Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename WT::SmemLayoutQ{});
+    auto sub_tile = [&](Element *ring, int stage, int w) {
+        return make_tensor(make_smem_ptr(ring + (stage * kNWarps + w) * Traits::kSubTileElems),
+                           typename Arg::LayoutKV{});
+    };
+
+    splitkv_load_q<kBlockM, kHeadDim, kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k, tidx);
+    cp_async_fence();
+
+    // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
+    // (256 contiguous bytes), rows kRowsPerPass apart per pass; row r goes to warp r / 32's sub-tile.
+    // Paged: the head's rows start at the page base (k_batch_stride is the page stride).
+    const index_t k_dense = (kPaged ? 0 : binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb)) +
+                            bidh_k * params.k_head_stride;
+    const index_t v_dense = (kPaged ? 0 : binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb)) +
+                            bidh_k * params.v_head_stride;
+    const Element *k_head = reinterpret_cast<const Element *>(params.k_ptr) + k_dense;
+    const Element *v_head = reinterpret_cast<const Element *>(params.v_ptr) + v_dense;
+    const int load_row = tidx / kChunksPerRow, load_col = (tidx % kChunksPerRow) * 8;
+    // kPaged: block-table entry of each 16-key chunk of the next tile to issue (load_pages(it) once
+    // the previous tile's copies went out).
+    constexpr int kPageChunks = kBlockN / 16;
+    static_assert(!kPaged || (kRowsPerPass == 8 && kBlockN % 16 == 0), "paged: two rows of a thread per 16-row chunk");
+    [[maybe_unused]] int chunk_page[kPaged ? kPageChunks : 1];
+    [[maybe_unused]] const int *block_table =
+        kPaged ? params.block_table + index_t(bidb) * params.block_table_batch_stride : nullptr;
+    [[maybe_unused]] const int page_shift = kPaged ? __ffs(params.page_block_size) - 1 : 0;  // a power of two
+    auto load_pages = [&](int it) {
+        if constexpr (kPaged) {
+            CUTE_UNROLL
+            for (int c = 0; c < kPageChunks; ++c) {
+                const int key = (s_begin + it) * kBlockN + 16 * c;
+                chunk_page[c] = key < seqlen_k ? block_table[key >> page_shift] : 0;
+            }
+        }
+    };
+    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage,
+                         [[maybe_unused]] index_t page_stride) {
+        if constexpr (kPaged) {
+            CUTE_UNROLL
+            for (int c = 0; c < kPageChunks; ++c) {
+                const int key = tile * kBlockN + 16 * c;  // first key of the chunk
+                const int in_page = (key & (params.page_block_size - 1)) + load_row;
+                const Element *src = head + index_t(chunk_page[c]) * page_stride + index_t(in_page) * row_stride + load_col;
+                CUTE_UNROLL
+                for (int h = 0; h < 2; ++h) {
+                    const int r = 16 * c + load_row + 8 * h;  // row of the tile
+                    const bool ok = tile * kBlockN + r < seqlen_k;
+                    Tensor s = sub_tile(ring, stage, r / kBlockNw);
+                    cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(8 * h) * row_stride : head, ok);
+                }
+            }
+        } else {
+            const int key0 = tile * kBlockN + load_row;
+            const Element *src = head + index_t(key0) * row_stride + load_col;
+            CUTE_UNROLL
+            for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+                const int r = load_row + j * kRowsPerPass;  // row of the tile
+                const bool ok = key0 + j * kRowsPerPass < seqlen_k;
+                Tensor s = sub_tile(ring, stage, r / kBlockNw);
+                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
+                                  ok);
+            }
+        }
+    };
+    auto load_k = [&](int it) {
+        load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages, params.k_batch_stride);
+    };
+    auto load_v = [&](int it) {
+        load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages, params.v_batch_stride);
+        if constexpr (kPaged) { load_pages(it + 1); }  // K and V of tile it are out: the next tile's pages
+    };
+    if constexpr (kPaged) { load_pages(0); }
+
+    // kTma: full barrier of each stage (after the V ring), armed by thread 0 with the tile's bytes.
+    [[maybe_unused]] uint64_t *full_bar = reinterpret_cast<uint64_t *>(smem + Traits::kSmemSize);
+#ifdef FLASH_ATTN_SM90A
+    using TmaBarrier = cutlass::arch::ClusterTransactionBarrier;
+    if constexpr (kTma) {
+        if (tidx == 0) {
+            CUTE_UNROLL
+            for (int s = 0; s < kStages; ++s) { TmaBarrier::init(&full_bar[s], 1); }
+            cutlass::arch::fence_barrier_init();
+        }
+    }
+#endif
+    // kTma: tile it's K and V sub-tiles (one TMA copy per warp's (kBlockNw, d) piece) by thread 0.
+    auto issue_tma = [&]([[maybe_unused]] int it) {
+#ifdef FLASH_ATTN_SM90A
+        if constexpr (kTma) {
+            if (tidx != 0) return;
+            using Tma = typename Arg::Tma;
+            const int stage = it % kStages;
+            TmaBarrier::arrive_and_expect_tx(&full_bar[stage], Tma::kTileBytes);
+            auto rows = [&](auto const &tma, Element *ring) {  // (TMA, 16-row tile) and (TMA, sub-tile) views
+                Tensor m = tma.get_tma_tensor(kernel_arg.shape_k)(_, _, bidh_k, binfo.bidb_k);
+                Tensor gm = local_tile(domain_offset(make_coord(binfo.leftpad_k, _0{}), m),
+                                       Shape<Int<kBlockNw>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+                Tensor sm = make_tensor(make_smem_ptr(ring), typename Tma::SmemLayoutRing{});
+                return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sm), group_modes<0, 2>(gm));
+            };
+            auto [tKgK, tKsK] = rows(kernel_arg.tma_k, smem_k);
+            auto [tVgV, tVsV] = rows(kernel_arg.tma_v, smem_v);
+            CUTE_UNROLL
+            for (int w = 0; w < kNWarps; ++w) {
+                const int src = (s_begin + it) * kNWarps + w, dst = stage * kNWarps + w;
+                copy(kernel_arg.tma_k.with(full_bar[stage]), tKgK(_, src), tKsK(_, dst));
+                copy(kernel_arg.tma_v.with(full_bar[stage]), tVgV(_, src), tVsV(_, dst));
+            }
+        }
+#endif
+    };
+
+    // cp.async groups: Q, K(0), V(0), ..., K(S - 1); then per iteration it: V(it + S - 1), K(it + S)
+    // (empty groups past the last tile keep the counts uniform). kTogether: Q, tiles 0 .. S - 2; then
+    // per iteration tile it + S - 1 (K and V in one group).
+    constexpr int kGroupsAfterQ = kTma ? 0 : kTogether ? kStages - 1 : 2 * kStages - 1;
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+        if constexpr (kTma) {
+            if (s < kStages - 1 && s < n_tiles) { issue_tma(s); }
+        } else if constexpr (kTogether) {
+            if (s < kStages - 1) {
+                if (s < n_tiles) { load_k(s); load_v(s); }
+                cp_async_fence();
+            }
+        } else {
+            if (s > 0) {
+                if (s - 1 < n_tiles) load_v(s - 1);
+                cp_async_fence();
+            }
+            if (s < n_tiles) load_k(s);
+            cp_async_fence();
+        }
+    }
+
+    TiledMma tiled_mma;
+    auto thr_mma = tiled_mma.get_thread_slice(lane);
+    Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_o);
+    Tensor coords_s = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockNw>>{}));
+    Tensor coords_s_rc = make_tensor(coords_s.data(), acc_layout_rowcol(coords_s.layout()));
+    constexpr int kNRows = decltype(size<0>(coords_s_rc))::value;
+    static_assert(kNRows == 2);
+    int row_q[kNRows];
+    [[maybe_unused]] float alibi_slope[kNRows];
+    splitkv_row_state<false>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
+
+    OnlineSoftmax<kNRows> softmax;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+
+    Tensor sK0 = sub_tile(smem_k, 0, 0);
+    Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename Arg::LayoutVtNoSwizzle{});
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+    Tensor tSrK = thr_mma.partition_fragment_B(sK0);
+    Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle0);
+    auto smem_copy_Q = make_tiled_copy_A(typename WT::SmemCopyAtom{}, tiled_mma);
+    auto thr_smem_copy_Q = smem_copy_Q.get_thread_slice(lane);
+    auto smem_copy_K = make_tiled_copy_B(typename WT::SmemCopyAtom{}, tiled_mma);
+    auto thr_smem_copy_K = smem_copy_K.get_thread_slice(lane);
+    auto smem_copy_V = make_tiled_copy_B(typename WT::SmemCopyAtomTransposed{}, tiled_mma);
+    auto thr_smem_copy_V = smem_copy_V.get_thread_slice(lane);
+
+    cp_async_wait<kGroupsAfterQ>();  // Q (the first group) landed for this thread
+    __syncthreads();                   // ... and for every thread
+    {
+        Tensor tSsQ = thr_smem_copy_Q.partition_S(sQ);
+        Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
+        cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
+    }
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int stage = it % kStages;
+        // top: every warp is past P V of tile it - 1, whose V buffer (kTogether: K and V buffers)
+        // takes tile it + S - 1.
+        __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if constexpr (kClusterSync > 0) {  // every CTA of the cluster has the same n_tiles
+            if (it % kClusterSync == 0) { cute::cluster_arrive_relaxed(); }
+            if (it % kClusterSync == kClusterSync / 2) { cute::cluster_wait(); }
+        }
+#endif
+        if constexpr (kTma) {
+            if (it + kStages - 1 < n_tiles) { issue_tma(it + kStages - 1); }
+#ifdef FLASH_ATTN_SM90A
+            // A: tile it landed (every thread waits on the stage's barrier itself). Rows past the
+            // sequence inside the cache hold whatever is there: zero V's (masked P is 0, not NaN).
+            TmaBarrier::wait(&full_bar[stage], (it / kStages) & 1);
+            const int tile0 = (s_begin + it) * kBlockN;
+            if (tile0 + kBlockN > seqlen_k) {  // the sequence's last tile (CTA-uniform)
+                const int valid = max(0, seqlen_k - tile0);
+                for (int i = tidx; i < (kBlockN - valid) * kChunksPerRow; i += kNThreads) {
+                    const int r = valid + i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
+                    Tensor sv = sub_tile(smem_v, stage, r / kBlockNw);
+                    *reinterpret_cast<uint4 *>(&sv(r % kBlockNw, c)) = make_uint4(0, 0, 0, 0);
+                }
+                __syncthreads();
+            }
+#endif
+        } else {
+            if (it + kStages - 1 < n_tiles) {
+                if constexpr (kTogether) { load_k(it + kStages - 1); }
+                load_v(it + kStages - 1);
+            }
+            cp_async_fence();
+            // A: K(it) landed (after it: V(it), K / V of it + 1 .. it + S - 1 -> 2 S - 1 groups;
+            // kTogether: tile it landed, S - 1 groups after it).
+            cp_async_wait<kGroupsAfterQ>();
+            __syncthreads();
+        }
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
+        clear(acc_s);
+        gemm_rs(acc_s, tSrQ, tSrK, thr_smem_copy_K.partition_S(sub_tile(smem_k, stage, warp)), tiled_mma, smem_copy_K,
+                thr_smem_copy_K);
+        splitkv_mod_and_mask<false, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope,
+                                              (s_begin + it) * kBlockN + warp * kBlockNw, seqlen_k, diag,
+                                              needs_row_mask, params);
+        splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
+        Tensor rP = convert_type<Element>(acc_s);
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
+        // B: V(it) landed (after it: K / V of it + 1 .. it + S - 1 -> 2 S - 2 groups); every warp
+        // is past S(it), so its K buffer takes tile it + S.
+        if constexpr (!kTogether) {
+            cp_async_wait<2 * kStages - 2>();
+            __syncthreads();
+            if (it + kStages < n_tiles) load_k(it + kStages);
+            cp_async_fence();
+        }
+        Tensor sVt = make_tensor(sub_tile(smem_v, stage, warp).data(), typename Arg::LayoutVt{});
+        gemm_rs(acc_o, tOrP, tOrVt, thr_smem_copy_V.partition_S(sVt), tiled_mma, smem_copy_V, thr_smem_copy_V);
+    }
+    cp_async_wait<0>();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kClusterSync > 0) {  // the last arrive's wait, if the loop ended between them
+        if (n_tiles > 0 && (n_tiles - 1) % kClusterSync < kClusterSync / 2) { cute::cluster_wait(); }
+    }
+#endif
+
+    __syncthreads();  // all warps are done with their K / V buffers: the merge reuses them
+    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, kNThreads, Element>(
+        params, binfo, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
+        split);
+}
+
+// Launch (the caller has checked: d = 128, no softcap / ALiBi; a block table only with kPaged).
+// kClusterSync > 0: clusters of the h_k CTAs of a (batch, m block, split) (h_k must be 2, 4 or 8).
+template <typename Traits, bool kPaged = false, int kClusterSync = 0>
+void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
+    constexpr int smem_size = Traits::kSmemSize;
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged, kClusterSync>;
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
+    if constexpr (kClusterSync > 0) {
+        cudaLaunchConfig_t config{};
+        config.gridDim = grid;
+        config.blockDim = dim3(Traits::kNThreads);
+        config.dynamicSmemBytes = smem_size;
+        config.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = params.h_k;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        config.attrs = attr;
+        config.numAttrs = 1;
+        FLASH_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+    } else {
+        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
+    }
+    FLASH_CHECK_LAUNCH();
+    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
+}
+
+#ifdef FLASH_ATTN_SM90A
+// The kTma form (the caller has checked SplitKVCtaTma<Traits>::supported and a dense cache).
+template <typename Traits>
+void launch_splitkv_cta_tma(FwdParams &params, cudaStream_t stream) {
+    using Tma = SplitKVCtaTma<Traits>;
+    FLASH_BIND_CONTEXT();
+    const typename Tma::Params kp = Tma::make_params(params);
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, false, 0, true>;
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tma::kSmemSize));
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
+    kernel<<<grid, Traits::kNThreads, Tma::kSmemSize, stream>>>(kp);
+    FLASH_CHECK_LAUNCH();
+    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
+}
+#endif
+
+}  // namespace flash

@@ -1,0 +1,135 @@
+// Tile shapes, shared-memory layouts and warpgroup MMAs of the sm_90a backward.
+//
+// One CTA owns kBlockN (64 or 128) keys; each of its warpgroups owns 64 of them and computes the
+// transposed score tiles S^T = K Q^T and dP^T = V dO^T, so that P^T and dS^T come out of the
+// accumulators already in the register layout of the A operand of dV += P^T dO and
+// dK += dS^T Q (no shared-memory round trip for those two GEMMs). dS^T is also written to shared
+// memory, MN-major, for dQ = dS K, which both warpgroups compute together.
+#pragma once
+
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "common/kernel_traits.h"
+#include "sm90/kernel_traits_sm90.h"  // GmmaSmemAtomK
+
+namespace flash {
+
+using namespace cute;
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, typename Element_, int kMinBlocksPerSm_ = 1>
+struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBlockN_ / 16, Element_> {
+    using Base = KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBlockN_ / 16, Element_>;
+    using typename Base::Element;
+    using Base::kBlockM;
+    using Base::kBlockN;
+    using Base::kHeadDim;
+    static_assert(kBlockM == 64 || kBlockM == 128);
+    static_assert(kBlockN == 64 || kBlockN == 128);
+    static constexpr int kNWarpgroups = kBlockN / 64;
+    static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+    static constexpr int kStages = 2;  // Q, dO, LSE and softmax_d are double-buffered
+
+    using AtomLayoutKV = Layout<Shape<Int<kNWarpgroups>, _1, _1>>;  // warpgroup w owns keys [64w, 64w + 64)
+    // S^T = K Q^T and dP^T = V dO^T: (kBlockN, kBlockM), both operands K-major in smem.
+    using TiledMmaSdP = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(), AtomLayoutKV{}));
+    // dV += P^T dO, dK += dS^T Q: (kBlockN, d), A from registers, B = dO^T / Q^T (MN-major).
+    using TiledMmadKV = decltype(make_tiled_mma(
+        GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                             GMMA::Major::MN>(),
+        AtomLayoutKV{}));
+    // dQ = dS K: (kBlockM, d). With fewer 64-row query slabs than warpgroups, the warpgroups
+    // split the head dim instead.
+    static constexpr int kdQWgM = kBlockM / 64 < kNWarpgroups ? kBlockM / 64 : kNWarpgroups;
+    static constexpr int kdQWgN = kNWarpgroups / kdQWgM;
+    using TiledMmadQ = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kdQWgN>, Int<kBlockN>>,
+                             GMMA::Major::MN, GMMA::Major::MN>(),
+        Layout<Shape<Int<kdQWgM>, Int<kdQWgN>, _1>>{}));
+
+    using SmemLayoutQdO = decltype(tile_to_shape(GmmaSmemAtomK<Element, kHeadDim>{},
+                                                 Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+    // Q^T / dO^T (d, m, stage) over the same bytes.
+    using SmemLayoutQdOt = decltype(composition(
+        SmemLayoutQdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+    using SmemLayoutKV = decltype(tile_to_shape(GmmaSmemAtomK<Element, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    using SmemLayoutKt = decltype(composition(
+        SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+    // dS (m, n), m contiguous: the MN-major A operand of dQ = dS K. Written through the (n, m) view.
+    using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    using SmemLayoutdSt = decltype(composition(
+        SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Step<_2, _1>{})));
+    // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
+    using SmemLayoutdKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+    static constexpr int kSmemQdOElems = cosize(SmemLayoutQdO{});
+    static constexpr int kSmemKVElems = cosize(SmemLayoutKV{});
+    static constexpr int kSmemdSElems = cosize(SmemLayoutdS{});
+    static constexpr int kSmemElems = 2 * kSmemQdOElems + 2 * kSmemKVElems + kSmemdSElems;
+    // LSE and softmax_d of each stage follow, in fp32, then (dropout) each stage's drop flags, a
+    // byte per element of the (kBlockN x kBlockM) tile (dropout_sm90.h).
+    static constexpr int kSmemDropoutOffset = kSmemElems * sizeof(Element) + 2 * kStages * kBlockM * sizeof(float);
+    static constexpr int kSmemDropoutFlagsPerStage = kBlockM * kBlockN;
+    static constexpr int kSmemSize = kSmemDropoutOffset + kStages * kSmemDropoutFlagsPerStage;
+    static_assert(2 * cosize(SmemLayoutdKV{}) <= kSmemElems);
+};
+
+// The split-d tiles of the warp-specialised backward at head dim 256 (kernel_traits_bwd_ws_sm90.h,
+// kSplitD): one CTA owns 64 keys and both warpgroups work on all of them. dK / dV (64 x 256 fp32)
+// would not fit one warpgroup's registers, so the warpgroups split the head dim: warpgroup w owns
+// columns [128 w, 128 w + 128) of dK, dV and dQ. Each computes the whole S^T = K Q^T and
+// dP^T = V dO^T (64 x 64; the two S / dP GEMMs are done twice, 7 GEMM units of work per step for
+// 5 useful ones), so that P^T and dS^T are in its registers as the A operands of dV += P^T dO and
+// dK += dS^T Q over its columns, with no exchange between the warpgroups but dS for dQ = dS K.
+//
+// kExchange (FA3's split, A/B): the warpgroups split S^T / dP^T by queries instead (warpgroup w:
+// queries [32 w, 32 w + 32), 5 GEMM units per step), P^T and dS^T go through shared memory (both
+// halves), and dV / dK read their A operand from there (SS) instead of registers.
+template <int kHeadDim_, typename Element_, bool kExchange = false>
+struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Element_> {
+    using Base = KernelTraitsBase<kHeadDim_, 64, 64, 8, Element_>;  // 8 warps: the 256 consumer threads
+    using typename Base::Element;
+    using Base::kBlockM;
+    using Base::kBlockN;
+    using Base::kHeadDim;
+    static_assert(kHeadDim % 128 == 0);
+    static constexpr int kNWarpgroups = 2;
+    static constexpr int kStages = 2;
+
+    // S^T = K Q^T and dP^T = V dO^T: one warpgroup's MMA (128 threads, its thread index within the
+    // warpgroup), (kBlockN, kBlockM), both operands K-major in smem; run by both warpgroups.
+    // kExchange: a 256-thread MMA, warpgroup w on queries [32 w, 32 w + 32).
+    using TiledMmaSdP = std::conditional_t<
+        kExchange,
+        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / 2>, Int<kHeadDim>>>(),
+                                Layout<Shape<_1, _2, _1>>{})),
+        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
+                                Layout<Shape<_1, _1, _1>>{}))>;
+    // dV += P^T dO, dK += dS^T Q: (kBlockN, d) over the 256 consumer threads, warpgroup w on
+    // columns [d/2 w, d/2 (w + 1)); A (P^T, dS^T: the whole 64 x 64 tile) from registers.
+    // kExchange: A (P^T, dS^T) from shared memory, K-major (queries contiguous).
+    using TiledMmadKV = std::conditional_t<
+        kExchange,
+        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>,
+                                                     GMMA::Major::K, GMMA::Major::MN>(),
+                                Layout<Shape<_1, _2, _1>>{})),
+        decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>,
+                                                     GMMA::Major::K, GMMA::Major::MN>(),
+                                Layout<Shape<_1, _2, _1>>{}))>;
+    // dQ = dS K: (kBlockM, d), split along d the same way.
+    static constexpr int kdQWgM = 1;
+    static constexpr int kdQWgN = 2;
+    using TiledMmadQ = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>, GMMA::Major::MN,
+                             GMMA::Major::MN>(),
+        Layout<Shape<_1, _2, _1>>{}));
+
+    using SmemLayoutKV = decltype(tile_to_shape(GmmaSmemAtomK<Element, kHeadDim>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    using SmemLayoutKt = decltype(composition(
+        SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
+    // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
+    using SmemLayoutdKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+};
+
+}  // namespace flash

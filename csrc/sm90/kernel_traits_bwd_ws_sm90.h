@@ -1,0 +1,245 @@
+// Tiles, shared-memory layouts, TMA types and shared storage of the warp-specialised sm_90a
+// backward (flash_bwd_ws_kernel_sm90.h).
+//
+// One CTA per (128-key block, batch, query head), 3 warpgroups:
+//   warpgroup 0:    producer. One thread issues the TMA loads of each query block's Q and dO tiles
+//                   and its LSE and softmax_d rows into a kStages-deep ring (PipelineTmaAsync);
+//                   registers cut to kProducerRegs, its other warps retire.
+//   warpgroups 1-2: consumers, exactly the GEMMs, tiles and register layouts of the lock-step
+//                   kernel (BwdKernelTraitsSm90<d, 64, 128>: warpgroup w + 1 owns keys
+//                   [64 w, 64 w + 64)), registers raised to kConsumerRegs.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/flash.h"
+#include "sm90/kernel_traits_bwd_sm90.h"
+#include "sm90/kernel_traits_sm90.h"  // GmmaSmemAtomK
+
+namespace flash {
+
+using namespace cute;
+
+// Named barriers of the warp-specialised backward (ids above CUTLASS's reserved ones), all over
+// the 256 consumer threads: the producer warpgroup never joins them, and __syncthreads would wait
+// for its retired warps.
+enum class BwdWsBarrier : uint32_t {
+    kConsumers = 0,  // K / V landed; dK / dV staging (epilogue)
+    kdS = 1,         // both warpgroups' dS^T of this query block are in shared memory
+    // dQ through shared memory (kDqTma): over the 256 consumer threads + the dQ writer warp.
+    // (kDqStage, split-d: the same ids, buffer = pipeline stage; kdQEmpty0 once, after the
+    // last block: Q / dO are free for the dK / dV staging.)
+    kdQFull0 = 2,   // dQ buffer 0 (1: kdQFull0 + 1) written by the consumers, the writer may read it
+    kdQEmpty0 = 4,  // the writer's bulk reduce has finished reading dQ buffer 0 (1: kdQEmpty0 + 1)
+    // The split-d kMod kernel's deterministic dQ (consumers' ordered atomics): this CTA's turn
+    // has come / its atomics are done. (CUTLASS leaves user ids 0-7.)
+    kdQOrder = 6,
+    // The split-d dropout kernel's single P^T buffer: both warpgroups' dV GEMMs of the previous
+    // query block (its readers) have completed.
+    kPFree = 7,
+};
+
+// kDqTma: dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued
+// by warp 1 of the producer warpgroup, instead of per-thread fp32 atomics. kOverlap: each query
+// block's dQ write-out is deferred until the next block's S^T / dP^T GEMMs are issued, so that
+// it overlaps them. kMod: softcap and ALiBi (the score modifiers of attn_mods.h) and the
+// deterministic dQ. kDropout (with kMod): dropout, with ALiBi or not; the keep flags of query
+// block m sit in buffer (m - m_block_min) % 2 in shared memory (layout 2 of dropout_sm90.h). At
+// d128 warps 2-3 of the producer warpgroup generate them, handed over by a full / empty mbarrier
+// pair per buffer (kDropoutInProducer); at d64 (and in the split-d kernel) the consumers do, block
+// m + 2 while block m's dQ GEMM runs (see flash_bwd_ws_kernel_sm90.h).
+// kSplitD (head dim 256; 1, or 2 for the exchange form): 64-key CTAs whose two consumer
+// warpgroups split the head dim instead of the keys (BwdKernelTraitsSm90SplitD); dQ by fp32
+// atomics (two fp32 dQ tiles of 64 KB would not fit next to the Q / dO ring). Plain calls, and
+// (kMod, the exchange form only) softcap / ALiBi / the deterministic dQ, whose atomics the
+// consumers then add in each slice's order (BwdWsDqOrder).
+// kDqStage (split-d exchange form): dQ tiles leave through the query block's own Q /
+// dO stage (no room for a dQ buffer at d256) and bulk reduces by warp 1 of the producer warpgroup
+// (bwd_ws_write_dq_split_d), which also hands each stage back to the producer; in the slice's
+// order for deterministic calls (BwdWsDqOrder). Session 12, bf16 8k bwd: the deterministic calls
+// 14.4 -> 7.7 ms (ordered fp32 atomics need a gpu-scope fence to publish them, which makes ptxas
+// emit them as ATOMG), below the atomics kernel's plain 9.6 ms, hence every such call's kernel.
+// kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
+// atomic instructions of float2).
+// kBlockM (not split-d, not dropout): query rows per step, 64, or 128 (d64 since session 14, plain
+// and kMod: FA3's d64 tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64
+// queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
+template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
+          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kDqStage_ = false,
+          bool kDqV4_ = false, int kBlockM_ = 64>
+struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
+                                            BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>> {
+    // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
+    // copy atoms (GmemTiledCopyLoad for K / V, the store_tile atoms), all indexed by the consumer
+    // thread index 0..255 (kSplitD: TiledMmaSdP by the index within the warpgroup).
+    using Base = std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
+                                    BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>>;
+    static_assert(kBlockM_ == 64 || (kSplitD_ == 0 && !kDropout_),
+                  "128-row query blocks: the plain and score-modifier / deterministic kernels only");
+    using typename Base::Element;
+    using Base::kBlockM;
+    using Base::kBlockN;
+    using Base::kHeadDim;
+    static_assert(Base::kNWarpgroups == 2);
+    static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
+    static constexpr bool kDqTma = kDqTma_;
+    static constexpr bool kOverlap = kOverlap_;
+    static constexpr bool kMod = kMod_;
+    static constexpr bool kDropout = kDropout_;
+    static_assert(!kDropout || (kMod && (kDqTma || kSplitD_ == 2)),
+                  "the dropout variant is a kMod kernel with the dQ bulk reduce-add, or the split-d exchange form's");
+    static constexpr bool kSplitD = kSplitD_ != 0;
+    // The exchange form: S^T / dP^T split by queries, P^T and dS^T through shared memory.
+    static constexpr bool kSplitDExchange = kSplitD_ == 2;
+    static_assert(!kSplitD || (!kDqTma && !kOverlap && (!kMod || kSplitDExchange) && (!kDropout || kSplitDExchange)),
+                  "the split-d kernel serves plain calls, and score modifiers / deterministic / dropout in its "
+                  "exchange form");
+    static constexpr bool kDqStage = kDqStage_;
+    static constexpr bool kDqV4 = kDqV4_;
+    static_assert(!kDqV4 || (kSplitD && !kDqStage), "float4 dQ atomics: the split-d kernel's atomics");
+    static_assert(!kDqStage || (kSplitDExchange && kStages == 2), "dQ through the Q / dO stage: split-d");
+    static constexpr int kNConsumerThreads = 256;
+    static constexpr int kNThreads = 128 + kNConsumerThreads;
+    static_assert(Base::kNThreads == kNConsumerThreads);
+    // FA3's split for one producer + two consumer warpgroups: 128 x 24 + 256 x 240 = 64512 registers.
+    // The dropout kernel (not split-d) gives warps 2-3 of the producer warpgroup the Philox calls
+    // (kDropoutInProducer). The setmaxnreg pool is the CTA's launch allocation, 384 x 168 = 64512
+    // (128 x 32 + 256 x 240 = 65536 left the consumers' setmaxnreg.inc waiting forever: the
+    // session-19 hang). 24 / 240: the Philox loop fits in 24 registers without spills (d128), and
+    // the consumers spill 76 bytes at 232.
+    // d64 stays on the consumers' generation: there the producer form (40 / 232 registers)
+    // measured 1.38x the plain backward against 1.36x (session 19; d128: 1.14x against 1.20x).
+    static constexpr bool kDropoutInProducer = kDropout && kSplitD_ == 0 && kHeadDim == 128;
+    static constexpr int kDropProducerThreads = 64;
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+    static_assert(128 * kProducerRegs + kNConsumerThreads * kConsumerRegs <= (128 + kNConsumerThreads) * 168);
+
+    using SmemAtom = GmmaSmemAtomK<Element, kHeadDim>;
+    // Q / dO: (kBlockM, d, stage), K-major, one TMA tile per stage; Q^T / dO^T over the same bytes.
+    using SmemLayoutQdOTile = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    using SmemLayoutQdO = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
+    using SmemLayoutQdOt = decltype(composition(
+        SmemLayoutQdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+    // dS (m, n, buffer), two buffers: a warpgroup writes block i + 1's dS^T while the other may
+    // still run block i's dQ = dS K, so one barrier per query block suffices (see the kernel).
+    static constexpr int kdSBuffers = 2;
+    using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                Shape<Int<kBlockM>, Int<kBlockN>, Int<kdSBuffers>>{}));
+    using SmemLayoutdSt = decltype(composition(
+        SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kdSBuffers>>{}, Step<_2, _1, _3>{})));
+    // LSE / softmax_d rows: one 1-D TMA box per stage. A tiled TMA load must start at a 16-byte
+    // aligned global address (the H200 raises an illegal instruction otherwise: seqlen_q % 4 != 0,
+    // docs/results/s7/probe_bwd_ws.log), and a (batch, head) row starts at any element offset
+    // (LSE: b h seqlen_q + h seqlen_q; varlen softmax_d: cu_seqlens_q[b] + 128 b). So the box
+    // starts at the row's offset rounded down to 4 elements and is kRowShiftMax longer; the
+    // consumers read it from the shift (offset % 4) on. Stages 128-byte aligned for the TMA.
+    static constexpr int kRowShiftMax = 4;
+    static constexpr int kRowBox = kBlockM + kRowShiftMax;        // 68 floats: 272 bytes
+    static constexpr int kRowStageStride = (kRowBox + 31) / 32 * 32;  // 96 floats: 384 bytes
+    using SmemLayoutRowTile = Layout<Shape<Int<kRowBox>>>;
+    using SmemLayoutRow = Layout<Shape<Int<kRowBox>, Int<kStages>>, Stride<_1, Int<kRowStageStride>>>;
+
+    // Global tensors as the TMA sees them. Q / dO: (rows, d, heads, batch), d contiguous; dense:
+    // rows = seqlen_q, batch = b; varlen: rows = total_q, batch = 1 (as the forward). LSE /
+    // softmax_d: the whole fp32 buffer as one 1-D tensor, each (batch, head) row found by an
+    // element offset: their row strides (seqlen_q, accum_rows) are not multiples of 16 bytes in
+    // general, which a 2-D TMA tensor would need.
+    using GmemShape = Shape<int32_t, int32_t, int32_t, int32_t>;
+    using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+    using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const *>(nullptr)), GmemShape{}, GmemStride{}));
+    using GmemShapeRow = Shape<int32_t>;
+    using GmemTensorRow = decltype(make_tensor(make_gmem_ptr(static_cast<float const *>(nullptr)), GmemShapeRow{},
+                                               Stride<_1>{}));
+    using TmaQdO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQdOTile{},
+                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+    using TmaRow = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorRow{}, SmemLayoutRowTile{}, Shape<Int<kRowBox>>{},
+                                          _1{}));
+    // Bytes landing per stage; a TMA box counts in full, zero-filled parts included.
+    static constexpr uint32_t kStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kRowBox * sizeof(float);
+
+    using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+    using PipelineState = typename Pipeline::PipelineState;
+
+    // dQ tiles of kDqTma: (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
+    // they are added to (one contiguous 1-D bulk reduce per tile); with params.dq_accum_swizzled
+    // (the default, BwdParams::bwd_ws_dq_swizzle) float c of row r sits at c ^ (8 (r % 4)) in
+    // both, which makes the consumers' float2 stores conflict-free (see write_out_dq) and which
+    // the dQ conversion undoes. Double-buffered: the consumers
+    // fill one while the writer's reduce still reads the other. The d128 dropout kernel keeps one
+    // (the two flag buffers take its place: 226 KB otherwise + 16 KB): the writer has read the
+    // tile long before the consumers finish the next block's five GEMMs.
+    static constexpr int kdQBuffers = kDropout && kHeadDim == 128 ? 1 : 2;
+    using SmemLayoutdQ = Layout<Shape<Int<kBlockM>, Int<kHeadDim>, Int<kdQBuffers>>,
+                                Stride<Int<kHeadDim>, _1, Int<kBlockM * kHeadDim>>>;
+    static constexpr uint32_t kdQTileBytes = kBlockM * kHeadDim * sizeof(float);
+    static constexpr int kNdQSyncThreads = kNConsumerThreads + 32;  // consumers + the writer warp
+
+    struct SharedStoragePlain {
+        // Q, dO, K and V first and contiguous: the dK / dV staging of the epilogue reuses them.
+        cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_q;
+        cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_do;
+        cute::array_aligned<Element, cosize_v<typename Base::SmemLayoutKV>, 1024> smem_k;
+        cute::array_aligned<Element, cosize_v<typename Base::SmemLayoutKV>, 1024> smem_v;
+        cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> smem_ds;
+        cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_lse;  // TMA: 128-byte aligned boxes
+        cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_dsum;
+        typename Pipeline::SharedStorage pipeline;
+    };
+    struct SharedStorageDqTma : SharedStoragePlain {
+        cute::array_aligned<float, cosize_v<SmemLayoutdQ>, 128> smem_dq;  // bulk copies: 16-byte aligned
+    };
+    // Dropout keep flags (kDropout): layout 2 of dropout_sm90.h, one byte per element of the
+    // 64 x 128 tile (2048 words) per buffer; LDS.128 / STS.64: 16-byte aligned.
+    static constexpr int kDropFlagBuffers = 2;
+    static constexpr int kDropFlagWords = kBlockM * kBlockN / 4;
+    struct SharedStorageDropout : SharedStorageDqTma {
+        cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
+        // kDropoutInProducer: buffer b is full (the producer warps' kDropProducerThreads arrivals)
+        // / empty (the consumer threads' arrivals after their last read of its flags).
+        alignas(8) uint64_t drop_full[kDropFlagBuffers];
+        alignas(8) uint64_t drop_empty[kDropFlagBuffers];
+    };
+    // kSplitDExchange: P^T beside dS^T (same layout; two buffers, one with dropout, whose two
+    // 4 KB flag buffers would not fit next to a second one: 224 KB + 8 KB > 227 KB).
+    static constexpr int kPBuffers = kDropout ? 1 : 2;
+    using SmemLayoutP = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                               Shape<Int<kBlockM>, Int<kBlockN>, Int<kPBuffers>>{}));
+    using SmemLayoutPt = decltype(composition(
+        SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kPBuffers>>{}, Step<_2, _1, _3>{})));
+    struct SharedStorageExchange : SharedStoragePlain {
+        cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> smem_p;
+    };
+    struct SharedStorageExchangeDropout : SharedStorageExchange {
+        cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
+    };
+    using SharedStorage = std::conditional_t<
+        kDropout && kSplitDExchange, SharedStorageExchangeDropout,
+        std::conditional_t<kDropout, SharedStorageDropout,
+        std::conditional_t<kDqTma, SharedStorageDqTma,
+                           std::conditional_t<kSplitDExchange, SharedStorageExchange, SharedStoragePlain>>>>;
+    static constexpr int kSmemSize = sizeof(SharedStorage);
+    static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
+    static_assert(2 * cosize(typename Base::SmemLayoutdKV{}) <=
+                  2 * cosize(SmemLayoutQdO{}) + 2 * cosize(typename Base::SmemLayoutKV{}));
+};
+
+// Kernel arguments: the plain parameters plus the TMA descriptors (grid constants: TMA reads the
+// descriptors from parameter space) and the global shapes they were built with.
+template <typename Traits>
+struct BwdWsKernelParams {
+    BwdParams p;
+    typename Traits::TmaQdO tma_q;
+    typename Traits::TmaQdO tma_do;
+    typename Traits::TmaRow tma_lse;
+    typename Traits::TmaRow tma_dsum;
+    typename Traits::GmemShape shape_q;
+    typename Traits::GmemShapeRow shape_lse, shape_dsum;
+};
+
+}  // namespace flash
