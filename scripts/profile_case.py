@@ -1,11 +1,11 @@
-"""One profiled forward or backward for scripts/ncu_power_metrics.sh (and, forward only, through
-scripts/fwd_profile_case.py for ncu_fwd_compare.sh / ncu_stall_source.sh): bf16, 16k tokens
-(batch = 16384 / seqlen), hidden 2048. Arguments: backend ("ours", or "cudnn": PyTorch SDPA's cuDNN
-backend), pass ("fwd" / "bwd"), head dim, seqlen, causal (0 / 1). One forward, three warm-up calls,
-then one inside cudaProfilerStart / Stop (ncu --profile-from-start off: every kernel of that call;
-a forward profiled this way is the 5th forward launch).
+"""One profiled attention call for scripts/ncu_profile.sh: bf16, 16k tokens (batch = 16384 /
+seqlen), hidden 2048 (nheads = 2048 / head dim). Three warm-up calls, then one inside
+cudaProfilerStart / Stop, so `ncu --profile-from-start off` sees every kernel of that one call.
 
-    python scripts/power_profile_case.py ours bwd 64 8192 1
+    python scripts/profile_case.py BACKEND PASS D SEQLEN CAUSAL [DROPOUT_P]
+
+BACKEND: ours (flash_attn_func), cudnn or flash (PyTorch SDPA's cuDNN / flash backend, the latter
+upstream FA2's code); PASS: fwd or bwd; CAUSAL: 0 or 1; DROPOUT_P: ours only.
 """
 import sys
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 
-def profile_one(backend, kind, d, s, causal):
+def profile_one(backend, kind, d, s, causal, dropout_p=0.0):
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=kind == "bwd")
                for _ in range(3))
@@ -21,12 +21,13 @@ def profile_one(backend, kind, d, s, causal):
         from flash_attn import flash_attn_func
 
         def fwd():
-            return flash_attn_func(q, k, v, causal=causal)
+            return flash_attn_func(q, k, v, causal=causal, dropout_p=dropout_p)
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
+        chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
 
         def fwd():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            with sdpa_kernel([chosen]):
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
 
@@ -44,4 +45,7 @@ def profile_one(backend, kind, d, s, causal):
 
 
 if __name__ == "__main__":
-    profile_one(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
+    if len(sys.argv) not in (6, 7):
+        sys.exit(__doc__)
+    profile_one(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1",
+                float(sys.argv[6]) if len(sys.argv) == 7 else 0.0)
