@@ -16,8 +16,8 @@ Each worker imports its own tree's Python package and extension (two copies of f
 share one process: both register the flash_attn:: custom ops), so the harness compares builds
 whose Python layer differs too. Each cell runs through the public API (flash_attn_func,
 flash_attn_varlen_func, flash_attn_with_kvcache), timed by triton.testing.do_bench (median, L2
-flushed before each call); every round alternates which build goes first; the table shows the
-median over rounds.
+flushed before each call); each repeat alternates which build goes first; the table shows the
+median over the repeats.
 
 Cell groups (--cells):
   grid      bf16, 16k tokens, hidden 2048, d 64 / 128 / 256, causal off / on, seqlen 512..16k,
@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 GRID_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 GRID_HEAD_DIMS = (64, 128, 256)
@@ -279,10 +280,10 @@ def main():
     p.add_argument("--cells", default="grid,decode,varlen", help="comma list of grid, decode, varlen, features")
     p.add_argument("--head-dims", default=",".join(map(str, GRID_HEAD_DIMS)))
     p.add_argument("--seqlens", default=",".join(map(str, GRID_SEQLENS)))
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median over them)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every cell (median over them)")
     p.add_argument("--tolerance", type=float, default=0.02, help="report cells slower than this fraction")
     p.add_argument("--strict", action="store_true", help="exit 1 when a cell is slower than --tolerance")
-    p.add_argument("--json", help="write the per-round rates and the summary to this file")
+    p.add_argument("--json", help="write the rates of every repeat and the summary to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -300,13 +301,16 @@ def main():
     workers = [Worker("base", args.base), Worker("new", args.new)]
     for w in workers:
         print(f"{w.label}: {w.root} ({git_head(w.root)}); flash_attn from {w.info['ready']}")
-    print(f"{workers[0].info['gpu']}, torch {workers[0].info['torch']}; {len(cells)} cells x {args.rounds} rounds\n",
+    print(f"{workers[0].info['gpu']}, torch {workers[0].info['torch']}; {len(cells)} cells x {args.repeats} repeats\n",
           flush=True)
 
     rates = {w.label: {n: [] for n in names} for w in workers}
     errors = {}
     try:
-        for r in range(args.rounds):
+        t0 = time.time()
+        for r in range(args.repeats):
+            if r:
+                print(f"  repeat {r} of {args.repeats} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
             for i, (c, n) in enumerate(zip(cells, names)):
                 order = workers if (r + i) % 2 == 0 else workers[::-1]
                 for w in order:
@@ -315,8 +319,6 @@ def main():
                         rates[w.label][n].append(reply["rate"])
                     else:
                         errors[(w.label, n)] = reply.get("error", "?")
-                if r == args.rounds - 1:
-                    print(f"  round {r + 1}: {n}", file=sys.stderr, flush=True)
     finally:
         for w in workers:
             w.close()

@@ -20,7 +20,7 @@ def stall_totals(raw_path):
     if len(rows) < 2:
         print("  (raw page empty)")
         return
-    header, units = rows[0], rows[1] if len(rows) > 2 else None
+    header = rows[0]
     values = rows[-1]
     picked = []
     for name, value in zip(header, values):
