@@ -1,6 +1,7 @@
-"""Summarise an ncu report exported as CSV (scripts/ncu_stall_source.sh): the stall reasons of
-the raw page (smsp__pcsamp_warps_issue_stalled_* and smsp__average_warp_latency_issue_stalled_*
-ratios) and the SASS lines of the source page with the most stall samples.
+"""Summarise an ncu report exported as CSV (SOURCE=1 bash scripts/ncu_profile.sh ...): the stall
+reasons of the raw page (smsp__pcsamp_warps_issue_stalled_*), the SASS lines of the source page
+with the most stall samples, stall samples by opcode, shared-memory bank conflicts (excessive
+wavefronts) and the instructions around the hottest line.
 
     python scripts/ncu_source_top.py raw.csv src.csv [top_n]
 """
@@ -19,7 +20,7 @@ def stall_totals(raw_path):
     if len(rows) < 2:
         print("  (raw page empty)")
         return
-    header, units = rows[0], rows[1] if len(rows) > 2 else None
+    header = rows[0]
     values = rows[-1]
     picked = []
     for name, value in zip(header, values):
@@ -76,8 +77,7 @@ def source_top(src_path, top_n):
     print("  stall samples by opcode:")
     for op, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:14]:
         print(f"    {op:32s} {100 * v / total:5.1f}%")
-    # Shared-memory bank conflicts (session 21: the WS backward's dQ stores were 22% of its shared
-    # wavefronts, all excessive): the total and the lines with the most excessive wavefronts.
+    # Shared-memory bank conflicts: the total and the lines with the most excessive wavefronts.
     i_wf, i_ex = col("L1 Wavefronts Shared"), col("L1 Wavefronts Shared Excessive")
     i_wf = next((i for i, h in enumerate(header) if h.strip() == "L1 Wavefronts Shared"), i_wf)
     if i_wf is not None and i_ex is not None:
