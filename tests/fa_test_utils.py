@@ -299,7 +299,9 @@ def debug_kernel(name, value):
     """Force one kernel choice (flash_attn._C.set_debug_kernel) for the block, then restore the
     heuristics (value 0)."""
     ext = require_gpu()
-    ext.set_debug_kernel(name, int(value))
+    err = ext.set_debug_kernel(name, int(value))
+    if err:
+        raise ValueError(err)
     try:
         yield
     finally:

@@ -309,10 +309,9 @@ def test_flash_attn_forward_d64_tile_rows(dtype, d, b, sq, sk, h, hk, causal, wi
 
 def test_set_debug_kernel_rejects_unknown():
     ext = require_gpu()
-    with pytest.raises(ValueError, match="fwd_ws_d64_rows"):
-        ext.set_debug_kernel("fwd_ws_d64_rows", 64)
-    with pytest.raises(ValueError, match="unknown name"):
-        ext.set_debug_kernel("no_such_kernel", 1)
+    assert "128 or 192" in ext.set_debug_kernel("fwd_ws_d64_rows", 64)
+    assert "unknown name" in ext.set_debug_kernel("no_such_kernel", 1)
+    assert ext.set_debug_kernel("fwd_ws_d64_rows", 0) == ""
 
 
 # The head-dim-64 warp-specialised backward on 128-row query blocks (FA3's d64 tiles). Odd and

@@ -52,30 +52,30 @@ struct DebugKernel {
     bool bwd_lockstep = false;      // the lock-step sm_90a backward, as for the calls the WS one declines
 } g_debug;
 
-void set_debug_kernel(const std::string &name, int64_t value) {
-    const auto flag = [&](bool &field) {
-        FLASH_CHECK(value == 0 || value == 1, "flash_attn: set_debug_kernel('", name, "', value): value must be 0 or 1, got ",
-                    value);
+// Returns an empty string, or what is wrong with (name, value): a C++ exception leaving the
+// extension can take the process down under some torch builds, so this entry reports instead.
+std::string set_debug_kernel(const std::string &name, int64_t value) {
+    const std::string what = "flash_attn: set_debug_kernel('" + name + "', " + std::to_string(value) + "): ";
+    const auto flag = [&](bool &field) -> std::string {
+        if (value != 0 && value != 1) return what + "value must be 0 or 1";
         field = value == 1;
+        return "";
     };
     if (name == "fwd_ws_d64_rows") {
-        FLASH_CHECK(value == 0 || value == 128 || value == 192, "flash_attn: set_debug_kernel('fwd_ws_d64_rows', value): "
-                    "value must be 0 (heuristic), 128 or 192, got ", value);
+        if (value != 0 && value != 128 && value != 192) return what + "value must be 0 (heuristic), 128 or 192";
         g_debug.fwd_ws_d64_rows = static_cast<int>(value);
-    } else if (name == "fwd_ws_persistent") {
-        FLASH_CHECK(value >= 0 && value <= 2, "flash_attn: set_debug_kernel('fwd_ws_persistent', value): value must be "
-                    "0 (heuristic), 1 (always) or 2 (never), got ", value);
-        g_debug.fwd_ws_persistent = static_cast<int>(value);
-    } else if (name == "fwd_tma_o_off") {
-        flag(g_debug.fwd_tma_o_off);
-    } else if (name == "fwd_zero_fill") {
-        flag(g_debug.fwd_zero_fill);
-    } else if (name == "bwd_lockstep") {
-        flag(g_debug.bwd_lockstep);
-    } else {
-        FLASH_CHECK(false, "flash_attn: set_debug_kernel: unknown name '", name, "'; known: 'fwd_ws_d64_rows', "
-                    "'fwd_ws_persistent', 'fwd_tma_o_off', 'fwd_zero_fill', 'bwd_lockstep'");
+        return "";
     }
+    if (name == "fwd_ws_persistent") {
+        if (value < 0 || value > 2) return what + "value must be 0 (heuristic), 1 (always) or 2 (never)";
+        g_debug.fwd_ws_persistent = static_cast<int>(value);
+        return "";
+    }
+    if (name == "fwd_tma_o_off") return flag(g_debug.fwd_tma_o_off);
+    if (name == "fwd_zero_fill") return flag(g_debug.fwd_zero_fill);
+    if (name == "bwd_lockstep") return flag(g_debug.bwd_lockstep);
+    return what + "unknown name; known: 'fwd_ws_d64_rows', 'fwd_ws_persistent', 'fwd_tma_o_off', 'fwd_zero_fill', "
+                  "'bwd_lockstep'";
 }
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -1135,7 +1135,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("set_debug_kernel", &set_debug_kernel,
           "Testing only: force a kernel choice that the heuristics make for other calls; value 0 restores "
           "the heuristics. 'fwd_ws_d64_rows': 128 or 192; 'fwd_ws_persistent': 1 always, 2 never; "
-          "'fwd_tma_o_off', 'fwd_zero_fill', 'bwd_lockstep': 1",
+          "'fwd_tma_o_off', 'fwd_zero_fill', 'bwd_lockstep': 1. Returns '' or what is wrong.",
           py::arg("name"), py::arg("value"));
     m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
           "Allow (True, the default) or forbid the sm_90a wgmma kernels");
