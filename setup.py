@@ -130,10 +130,8 @@ def _extensions():
                 sources += [f"csrc/instantiations/flash_bwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
                             for variant in ("", "_mod", "_drop")]
             if "90" in archs and d == 256:
-                # Its split-d form at head dim 256 (FLASH_ATTN_BWD_WS_D256): plain and softcap /
-                # ALiBi / deterministic ("_mod") calls.
-                sources += [f"csrc/instantiations/flash_bwd_ws_sm90_hdim256_{dt}{variant}.cu"
-                            for variant in ("", "_mod")]
+                # Its split-d form at head dim 256: plain and feature calls.
+                sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim256_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
 
     # sm_90 builds target sm_90a, which adds the wgmma (Hopper) kernels; sm_90a code runs only on

@@ -156,7 +156,7 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
 }
 
 // A forward's rng_state and the persistent forward's tile counter, without a fill kernel per call
-// (session 24: the zero fill and its launch gap cost ~2 us of a 140 us call at 512 tokens).
+// (the zero fill and its launch gap cost ~2 us of a 140 us call at 512 tokens).
 // rng_state: uninitialised here, written by the kernel (zeros without dropout, write_rng_state).
 // The tile counter (flash.h: tile_count_ptr, two int32): one per (device, stream), zeroed once
 // and zeroed again by each kernel's last CTA, so calls on one stream (ordered) share it and calls
@@ -189,7 +189,7 @@ int *stream_tile_counter(const at::Tensor &on_device) {
 // sliding window, varlen), drawn from dynamically; the others walk the tiles in the static order.
 void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen) {
     const bool ws_tile = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256;
-    if (!p.use_sm90 || !p.fwd_ws || !ws_tile || !flash::fwd_ws_use_persistent(p, p.head_dim_tile) ||
+    if (!p.use_sm90 || !ws_tile || !flash::fwd_ws_use_persistent(p, p.head_dim_tile) ||
         flash::has_features(p)) {
         return;
     }
@@ -203,7 +203,6 @@ void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool ze
 // where flash::fwd_ws_use_persistent says so and the TMA store of O, and the persistent kernel's
 // tile counter, for the dense and the varlen forward alike (after the window and features are set).
 void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen) {
-    p.fwd_ws = true;
     p.fwd_ws_persistent = g_debug.fwd_ws_persistent == 1   ? flash::kFwdWsPersistentOn
                           : g_debug.fwd_ws_persistent == 2 ? flash::kFwdWsPersistentOff
                                                            : flash::kFwdWsPersistentAuto;
@@ -217,21 +216,7 @@ void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool
 // exchange form, with the score-modifier / dropout / deterministic variant), dQ through shared
 // memory and one bulk reduce-add per tile (swizzled), dS^T stored with stmatrix, 128-row query
 // blocks at d64; the SM80-class backward computes dQ before dK. docs/perf-notes.md has the numbers.
-void set_backward_switches(flash::BwdParams &params) {
-    params.bwd_ws = !g_debug.bwd_lockstep;
-    params.bwd_ws_dq_tma = true;
-    params.bwd_ws_overlap = false;
-    params.bwd_ws_dq_swizzle = true;
-    params.bwd_ws_ds_stsm = true;
-    params.bwd_ws_m128 = true;
-    params.bwd_ws_dropout = true;
-    params.bwd_sm80_variant = 1;
-    params.bwd_ws_d256 = 2;
-    params.bwd_ws_d256_mod = true;
-    params.bwd_ws_dq_v4 = false;
-    params.bwd_ws_d256_dq_atomic = false;
-    params.bwd_ws_d256_plain_mod = true;
-}
+void set_backward_switches(flash::BwdParams &params) { params.bwd_ws = !g_debug.bwd_lockstep; }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
@@ -369,7 +354,7 @@ int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // (flash_bwd_launch.h, kBwdFeatSets): per-CTA dq_accum slices as on the sm_90a backward, with
 // 64-key blocks. 0 where the generic variant (semaphores) serves the call.
 int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device) {
-    if (p.head_dim_tile != 256 || p.feat_generic) return 0;
+    if (p.head_dim_tile != 256) return 0;
     return deterministic_splits(bh, (max_seqlen_k + 63) / 64, device);
 }
 
@@ -397,9 +382,9 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // d64 1.05 / 1.05 / 1.07 / 1.10, causal 1.05 / 1.06 / 1.09 / 1.15; d128 1.08 / 1.05 / 1.06 / 1.14,
 // causal 1.02 / 1.05 / 1.22 / 1.34. Causal and other bounded-right windows (descending order: a key
 // block's first query block waits for nobody) take 1, the rest 2. Head dim 256 (the split-d kMod
-// kernel, kDqStage: the writer warp's ordered bulk reduces): 1; session 12, bf16 8k, 1 / 2 slices:
+// kernel, kDqStage: the writer warp's ordered bulk reduces): 1; bf16 8k, 1 / 2 slices:
 // 7.72 / 7.69 ms, causal 4.13 / 4.31 ms (default 6.50 / 3.28; docs/results/s12/s2_bench_bwd_d256_mod.log).
-// (Session 11's consumer-ordered atomics, all ATOMG: 14.9 / 16.4 / 17.3 / 18.3 ms for 1 / 2 / 4 / 8.)
+// (Earlier consumer-ordered atomics, all ATOMG: 14.9 / 16.4 / 17.3 / 18.3 ms for 1 / 2 / 4 / 8.)
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     if (p.head_dim_tile == 256) return 1;
     const bool descending = p.window_right < flash::kWindowUnbounded;  // as bwd_ws_det_descending
@@ -407,7 +392,7 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
 }
 
 // How many heads' key blocks the WS deterministic causal backward interleaves in its launch order
-// (BwdParams::bwd_ws_det_head_group). Session 17, H200 bf16 8k causal, deterministic backward /
+// (BwdParams::bwd_ws_det_head_group). H200 bf16 8k causal, deterministic backward /
 // default for 1 / 2 / 4 heads (docs/results/s17/hg_det_head_group_ab.log): d64 1.014 / 1.011 /
 // 1.005, d128 1.037 / 1.045 / 1.055, d256 1.214 / **1.191** / 1.385 (4 heads' Q, dO and fp32 dQ
 // slices, 64 MB, no longer fit in L2). Default: 2 at head dim 256, else 1 (one head after the
@@ -1049,20 +1034,16 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     at::Tensor oaccum, lse_accum;
     if (use_split) {
         const int m_blocks = static_cast<int>((packed_rows + 15) / 16);
-        params.decode_cta = flash::kDecodeCtaDefault;
         // Paged d128 caches with power-of-two pages and no cache_leftpad run the CTA-schedule kernel
         // (0.96-0.97 of contiguous against the sm_90a bulk-copy kernel's 0.91); the sm_90a kernel
         // takes the other paged calls.
         const int page = paged ? static_cast<int>(k_cache.size(1)) : 0;
         params.decode_paged_cta = paged && d == 128 && (page & (page - 1)) == 0 &&
-                                  !leftpad_k_.has_value() && params.decode_cta == flash::kDecodeCtaDefault &&
+                                  !leftpad_k_.has_value() &&
                                   params.softcap_scale <= 0.f && params.alibi_slopes_ptr == nullptr;
         params.decode_sm90 = use_sm90_decode(params, paged);
         params.splitkv_wide = !params.decode_sm90 && flash::head_dim_tile(static_cast<int>(d)) == 128 &&
                               max_smem_per_block(q.get_device()) >= flash::kSplitKVWideSmemBytes;
-        params.decode_skip_rescale = true;
-        params.decode_l2_prefetch = false;
-        params.decode_pipeline_s = false;
         params.decode_pdl = cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(q.get_device(), 0) >= 9;
         const int ctas = static_cast<int>(b * h_k) * m_blocks;
         int splits = static_cast<int>(num_splits);

@@ -82,7 +82,7 @@ __host__ __device__ __forceinline__ uint32_t pick_word(uint4 r, int j) {
 
 // One thread of the grid writes rng_state for the backward: with dropout (seed, offset) (read from
 // the device when the generator state was captured in a CUDA graph), zeros without. The binding
-// allocates it uninitialised (session 24: a zero fill kernel per call cost ~2 us of ~140 at 512
+// allocates it uninitialised (a zero fill kernel per call cost ~2 us of ~140 at 512
 // tokens), so every forward kernel run_mha_fwd launches calls this.
 __device__ __forceinline__ void write_rng_state(const FwdParams &params) {
     if (params.rng_state_ptr != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&

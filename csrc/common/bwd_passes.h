@@ -18,7 +18,7 @@ using namespace cute;
 // Preprocess / convert: a group of kLanes lanes per (row, head, batch), 8 elements (one 16-byte
 // vector of dO / O / dQ) per lane, kLanes the power of two >= head_dim_tile / 8: every lane of a
 // warp busy at any head dim (one warp per row left 24 of 32 lanes idle at d64, and those kernels
-// took 2x cuDNN's time for the same bytes: session 20, ncu).
+// took 2x cuDNN's time for the same bytes: ncu).
 constexpr int kPassThreads = 256;
 
 template <int kLanes>

@@ -54,13 +54,6 @@ struct FwdParams : QKVParams {
 
     bool is_bf16;
     bool use_sm90;  // run the sm_90a (wgmma) kernels where this build and head dim have them
-    // Where the SM80-class feature kernels have fixed-feature-set variants (kStatic, attn_mods.h;
-    // d = 256): run the generic run-time variant instead (FLASH_ATTN_D256_FEAT_OLD=1, for A/B
-    // timing; the backward then also keeps the semaphore-ordered deterministic dQ).
-    bool feat_generic;  // (in the padding before softcap_scale: later offsets unchanged)
-    // Run the warp-specialised sm_90a forward (sm90/flash_fwd_ws_*_sm90.h) where it applies;
-    // set by the binding from FLASH_ATTN_FWD_WS. (Sits in padding: no other field moves.)
-    bool fwd_ws;
 
     // ---- Score modifiers and dropout: all off when zero. Any of them routes the call to the
     // "feature" variants of the kernels (a template flag), so the plain kernels stay as they are.
@@ -104,36 +97,26 @@ struct FwdParams : QKVParams {
     // writes out / softmax_lse directly.
     int num_splits;
     // Split-KV on sm_90a: run the bulk-copy decode kernel (sm90/flash_fwd_decode_sm90.h) instead
-    // of the SM80-class one; set by the binding (FLASH_ATTN_DECODE_KERNEL) where it applies.
+    // of the SM80-class one; set by the binding where it applies.
     bool decode_sm90;
     // Split-KV at d = 128: the 8-warp, one-CTA-per-SM shape (SplitKVWideTraits); set by the
     // binding when the device has kSplitKVWideSmemBytes of shared memory per block.
     bool splitkv_wide;
-    // Wide shape (A/B switches set by the binding, FLASH_ATTN_DECODE_SKIP_RESCALE /
-    // FLASH_ATTN_DECODE_L2_PREFETCH): skip the O rescale of tiles that keep every running max
-    // (bitwise-equal results); K/V cp.async with the .L2::256B prefetch-size hint.
-    bool decode_skip_rescale;
-    bool decode_l2_prefetch;
-    bool decode_pipeline_s;  // FLASH_ATTN_DECODE_PIPELINE (A/B): S of the next tile before this one's softmax
-    // FLASH_ATTN_DECODE_CTA: 11 (default) = the d128 decode with cuDNN's schedule for contiguous caches
-    // without softcap / ALiBi (flash_fwd_splitkv_cta_kernel.h); 0 = the wide kernel; other values:
-    // A/B-only variants (flash_fwd_splitkv_launch.h).
-    int decode_cta;
     // Entries of the dense KV cache (k_cache.shape[0]; the TMA decode variant's batch extent).
     int kv_cache_batch;
     // Paged d128 caches (power-of-two pages, no cache_leftpad, no softcap / ALiBi) through the
-    // CTA-schedule kernel instead of the sm_90a one (the default; FLASH_ATTN_DECODE_PAGED_CTA=0 off).
+    // CTA-schedule kernel instead of the sm_90a one (set by the binding).
     bool decode_paged_cta;
-    // Warp-specialised forward, plain variant: one CTA per SM walking the tiles (set by the
-    // binding from FLASH_ATTN_FWD_WS_PERSISTENT): kFwdWsPersistentOff / On (wherever the kernel
-    // is compiled) / Auto (the default, fwd_ws_use_persistent below).
+    // Warp-specialised forward, plain variant: one CTA per SM walking the tiles: kFwdWsPersistentOff
+    // / On (wherever the kernel is compiled) / Auto (the default, fwd_ws_use_persistent below; the
+    // others through set_debug_kernel, for tests).
     int fwd_ws_persistent;
     // Warp-specialised forward at head-dim tile 64, plain calls: query rows per tile, 0 = auto
-    // (fwd_ws_d64_m128 below), 128 or 192 (set by the binding from FLASH_ATTN_FWD_WS_D64_M).
+    // (fwd_ws_d64_m128 below), 128 or 192 (set_debug_kernel, for tests).
     int fwd_ws_d64_rows;
     // Warp-specialised forward, dense calls: each consumer warpgroup writes its O tile with one
-    // TMA store from shared memory (set by the binding, FLASH_ATTN_FWD_TMA_O=0 off: the 16-byte
-    // per-thread stores, which varlen calls always use).
+    // TMA store from shared memory (off only through set_debug_kernel: the 16-byte per-thread
+    // stores, which varlen calls always use).
     bool fwd_tma_o;
     // Persistent forward with a dynamic tile order (causal, sliding window or varlen calls, whose
     // tiles differ in work): two zeroed int32, the counter the CTAs draw their next tiles from with
@@ -141,7 +124,7 @@ struct FwdParams : QKVParams {
     // nullptr = the static order (tile blockIdx.x + k gridDim.x).
     int *tile_count_ptr;
     // Split-KV with num_splits > 1: launch the combine kernel as a programmatic dependent launch
-    // (sm_90+; set by the binding, FLASH_ATTN_DECODE_PDL=0 off; flash_fwd_splitkv_kernel.h).
+    // (sm_90+; set by the binding; flash_fwd_splitkv_kernel.h).
     bool decode_pdl;
     float *__restrict__ oaccum_ptr;
     float *__restrict__ lse_accum_ptr;
@@ -172,7 +155,7 @@ constexpr int kWindowUnbounded = 1 << 29;
 // The d64 WS forward on 128 x 128 tiles with 2 consumer warpgroups instead of 192 x 128 with 3:
 // causal calls with at most 1024 queries and keys (varlen: the longest sequence), and sliding
 // windows of at most 512 + 1 keys, whose 192-row tiles are mostly diagonal (masked) work. H200,
-// bf16, 16k tokens (session 23): causal +8-9% at 512, +6-11% at 1k, -10% at 1.5k, -4..-6% at 2k;
+// bf16, 16k tokens : causal +8-9% at 512, +6-11% at 1k, -10% at 1.5k, -4..-6% at 2k;
 // windows (256, 0) +7%, (512, 0) +2%, (256, 256) +1%, (1024, 0) -5%; without a mask -2..-5%.
 inline bool fwd_ws_d64_m128(const FwdParams &p) {
     if (p.fwd_ws_d64_rows != 0) return p.fwd_ws_d64_rows == 128;
@@ -182,9 +165,6 @@ inline bool fwd_ws_d64_m128(const FwdParams &p) {
     return (causal && p.seqlen_q <= 1024 && p.seqlen_k <= 1024) || narrow_window;
 }
 
-// The d128 decode's CTA variant with cuDNN's schedule, 64-key CTA tiles, 4 warps x
-// 16 keys, 3 buffers, K and V together (flash_fwd_splitkv_launch.h).
-constexpr int kDecodeCtaDefault = 11;
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
 // 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.
 constexpr int kSplitKVWideSmemBytes = (16 + 8 * 3 * 2 * 16) * 128 * 2;
@@ -222,30 +202,16 @@ struct BwdParams : FwdParams {
     // dq_slice_block_n keys, set by the launcher). Saves the memset of all slices.
     bool dq_store_first;
     // Run the warp-specialised sm_90a backward (sm90/flash_bwd_ws_*_sm90.h) where it applies;
-    // set by the binding from FLASH_ATTN_BWD_WS (default off). (Sits in the padding after
-    // dq_store_first: no other field moves.)
+    // off only through set_debug_kernel('bwd_lockstep'), for tests.
     bool bwd_ws;
-    // Option of the warp-specialised backward, set by the binding from FLASH_ATTN_BWD_WS_DQ=tma
-    // (default off; only read when bwd_ws is set): dQ leaves each query block through a
-    // shared-memory tile and one bulk reduce-add instead of per-thread fp32 atomics. (In the
-    // padding after bwd_ws: no other field moves.)
-    bool bwd_ws_dq_tma;
-    // FLASH_ATTN_BWD_WS_OVERLAP=1: each query block's dQ write-out (atomics or shared-memory
-    // tile) waits until the next block's S^T / dP^T GEMMs are issued, and overlaps them
-    // (head-dim tile 64 only; the d128 WS kernel ignores it). (Also in that padding.)
-    bool bwd_ws_overlap;
-    bool bwd_ws_m128;  // FLASH_ATTN_BWD_WS_M128 (default on): d64 WS calls (not dropout) on 128-row query blocks
     // Deterministic dQ on the warp-specialised sm_90a backward (set by the binding, make_dq_accum,
     // for the calls that kernel will serve): dq_accum holds dq_accum_splits zeroed slices, key
     // block n adds into slice n % splits with a bulk reduce-add, and the CTAs sharing a slice add
     // each query block's tile in a fixed order, serialised by the zeroed int32 counters
     // dq_semaphore_ptr (splits, b, h, seqlen_q_rounded / 64) (sm90/flash_bwd_ws_kernel_sm90.h).
     // If the WS kernel declines the call after all, the lock-step kernel's sliced mode runs on the
-    // same zeroed slices. (In the padding after bwd_ws_overlap.)
+    // same zeroed slices.
     bool bwd_ws_det;
-    // Dropout calls on the warp-specialised sm_90a backward (its kDropout kernel): set by the
-    // binding from FLASH_ATTN_BWD_WS_DROPOUT (default on). (In the padding after bwd_ws_det.)
-    bool bwd_ws_dropout;
     int dq_slice_block_m, dq_slice_block_n;
     // Deterministic WS calls walking the key blocks downwards (causal / bounded right window): the
     // heads whose CTAs are interleaved in the launch order, key block by key block (1 = one head
@@ -257,44 +223,12 @@ struct BwdParams : FwdParams {
     // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each
     // sequence has up to 128 rows of padding that the kernels may touch without a predicate.
     int accum_rows;
-    // The SM80-class plain backward at head-dim tiles above 128 (the d256 kernel; set by the
-    // binding from FLASH_ATTN_BWD_SM80_VARIANT, default 1): 1 computes dQ and issues its atomics
-    // before the dK GEMM (upstream FA2's order: the reductions drain under dK; 4% faster on the
-    // H200, session 10), 0 after it (the order before session 10), for A/B.
-    int bwd_sm80_variant;
-    // Head dim 256 plain calls on the warp-specialised split-d backward (sm90/
-    // flash_bwd_ws_launch_sm90.h, run_mha_bwd_ws_sm90_d256) when bwd_ws is set too: set by the
-    // binding from FLASH_ATTN_BWD_WS_D256 (2 = the exchange form, the default since session 11;
-    // 1 = the redundant form; 0 = off).
-    int bwd_ws_d256;
-    // Head dim 256 softcap / ALiBi / deterministic calls on that kernel's kMod variant (exchange
-    // form only): set by the binding from FLASH_ATTN_BWD_WS_D256_MOD (default on since session 12:
-    // 1.07-1.43x faster than the SM80-class feature kernels on the H200).
-    bool bwd_ws_d256_mod;
-    // The d256 split-d plain kernel's dQ as 16-byte atomics (A/B, FLASH_ATTN_BWD_WS_DQ_V4=1): lane
-    // pairs swap half their fragments so that each lane holds 4 adjacent columns of one row.
-    bool bwd_ws_dq_v4;
-    // The d256 split-d plain kernel with float2 dQ atomics instead of dQ through the Q / dO stage
-    // (A/B, FLASH_ATTN_BWD_WS_D256_DQ_ATOMIC=1; FLASH_ATTN_AB_KERNELS=1 builds).
-    bool bwd_ws_d256_dq_atomic;
-    // Plain d256 calls on the kMod kernel instantiation (score modifiers off at run time) instead of
-    // the plain one: set by the binding from FLASH_ATTN_BWD_WS_D256_PLAIN_MOD (default on; session
-    // 12 measured the kMod kernel's ALiBi calls at 6.06 ms against 6.50 for plain calls on the
-    // plain kernel, bf16 8k).
-    bool bwd_ws_d256_plain_mod;
     // dq_accum's 8-float groups are XOR-swizzled by row % 4 within each row (float c of row r at
     // c ^ (8 (r % 4))): set by the launcher of the WS kernels whose dQ tiles are bulk-copied from
-    // a conflict-free shared-memory layout (d256 split-d; d64 / d128 with bwd_ws_dq_swizzle); the
-    // conversion undoes it.
+    // a conflict-free shared-memory layout (d256 split-d; d64 / d128); the conversion undoes it.
     bool dq_accum_swizzled;
-    // FLASH_ATTN_BWD_WS_DQ_SWIZZLE (default on; set by the binding): the d64 / d128 WS kernels'
-    // dQ tiles (kDqTma) swizzled as above, for conflict-free shared-memory stores.
-    bool bwd_ws_dq_swizzle;
-    // FLASH_ATTN_BWD_WS_DS_STSM (default on): the d64 / d128 WS kernels store dS^T with stmatrix
-    // (else element-wise).
-    bool bwd_ws_ds_stsm;
     // dq_accum is not zeroed by the binding (at::empty): the preprocess kernel zeroes each row it
-    // visits, i.e. every row the main kernel adds into (session 20; the default mode, one slice).
+    // visits, i.e. every row the main kernel adds into (the default mode, one slice).
     bool dq_accum_zero_in_preprocess;
 };
 

@@ -68,7 +68,7 @@ struct Mask {
     // column, and each element costs one compare of its constant column offset (an immediate)
     // per bound and a select: 2 instructions per element for causal calls, where comparing the
     // absolute column against the sequence end and both window sides took 3 compares, the column
-    // add and the select (session 24's ncu: ISETP / FSEL / VIADD ~10% of the stall samples of a
+    // add and the select (ncu: ISETP / FSEL / VIADD ~10% of the stall samples of a
     // 512-token causal d64 forward).
     template <typename TensorAcc, typename TensorCoord>
     __device__ void apply(TensorAcc &acc, TensorCoord const &coords, int row0, int col0) const {

@@ -41,7 +41,7 @@ __forceinline__ __device__ void load_partial(float (&dst)[kPerLane], const float
 // Latency is all that matters here (a few hundred rows, partials in L2): lane s holds lse of
 // splits s, s + 32, ..., so the row's lse takes one load round; then each lane owns kHeadDim / 32
 // consecutive columns and the partials of 8 splits are loaded (vector loads) before any is used,
-// so a row costs ~num_splits / 8 dependent load rounds, not num_splits (session 18: the serial
+// so a row costs ~num_splits / 8 dependent load rounds, not num_splits (the serial
 // form was 2 + num_splits rounds).
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __grid_constant__ FwdParams params) {

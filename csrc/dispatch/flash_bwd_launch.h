@@ -18,16 +18,15 @@ namespace flash {
 // The warp-specialised sm_90a backward (dispatch/flash_bwd_ws_launch_sm90.h; head-dim tiles 64 and
 // 128; kMod = false: plain calls, true: softcap / ALiBi / deterministic calls), instantiated in
 // its own translation units (instantiations/flash_bwd_ws_sm90_hdim*_*.cu, *_mod.cu). Run when
-// params.bwd_ws (the default; FLASH_ATTN_BWD_WS=0 turns it off); it returns false, launching
+// params.bwd_ws (always, but for set_debug_kernel('bwd_lockstep')); it returns false, launching
 // nothing, for the calls it does not serve.
 template <typename Element, int kHeadDim, bool kMod>
 bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream);
 // Its dropout calls (kFeat with dropout; instantiations/flash_bwd_ws_sm90_hdim*_*_drop.cu).
 template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream);
-// Head dim 256: its split-d form (instantiations/flash_bwd_ws_sm90_hdim256_*.cu; kMod as above,
-// *_mod.cu), when params.bwd_ws_d256 is set.
-template <typename Element, bool kMod>
+// Head dim 256: its split-d form, plain and feature calls (instantiations/flash_bwd_ws_sm90_hdim256_*.cu).
+template <typename Element>
 bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream);
 #endif
 
@@ -49,8 +48,7 @@ void launch_bwd(BwdParams &params, cudaStream_t stream) {
     });
 }
 
-// Head dims whose feature calls run fixed-feature-set kernels (kStatic; attn_mods.h) unless
-// params.feat_generic; their deterministic mode uses dq_accum slices (the binding allocates them,
+// Head dims whose feature calls run fixed-feature-set kernels (kStatic; attn_mods.h); their deterministic mode uses dq_accum slices (the binding allocates them,
 // bwd_uses_dq_slices in flash_api.cpp), the generic variants' semaphores otherwise.
 template <int kHeadDim>
 constexpr bool kBwdFeatSets = kHeadDim == 256;
@@ -58,7 +56,7 @@ constexpr bool kBwdFeatSets = kHeadDim == 256;
 template <typename Traits>
 void launch_bwd_feat(BwdParams &params, cudaStream_t stream) {
     if constexpr (kBwdFeatSets<Traits::kHeadDim>) {
-        if (!params.feat_generic) {
+        {
             const int set = (params.softcap_scale > 0.f ? kModSoftcap : 0) |
                             (params.alibi_slopes_ptr != nullptr ? kModAlibi : 0) |
                             (params.p_dropout > 0.f ? kModDropout : 0);
@@ -108,9 +106,7 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
     if constexpr (kHeadDim == 256) {
         if (params.use_sm90 && params.bwd_ws) {
-            // Plain calls try the kMod instantiation first (BwdParams::bwd_ws_d256_plain_mod).
-            if (!kFeat && params.bwd_ws_d256_plain_mod && run_mha_bwd_ws_sm90_d256<Element, true>(params, stream)) return;
-            if (run_mha_bwd_ws_sm90_d256<Element, kFeat>(params, stream)) return;
+            if (run_mha_bwd_ws_sm90_d256<Element>(params, stream)) return;
         }
     }
 #endif

@@ -3,8 +3,7 @@
 // d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
 // dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain), *_mod.cu (softcap / ALiBi /
 // deterministic) and *_drop.cu (dropout);
-// called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set (the default;
-// FLASH_ATTN_BWD_WS=0 turns it off).
+// called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +23,9 @@ namespace flash {
 //   d64:  3 stages: Q + dO 3 x 16 KB + K + V 32 KB + dS 2 x 16 KB         = 112 KB
 //   d128: 2 stages: Q + dO 2 x 32 KB + K + V 64 KB + dS 2 x 16 KB         = 160 KB
 // (d128 with 3 stages would take 192 KB; FA3 keeps 2 there.)
-// kDqTma (FLASH_ATTN_BWD_WS_DQ=tma) adds two fp32 dQ tiles: d64 + 2 x 16 KB = 146 KB, d128 +
+// kDqTma (always dispatched) adds two fp32 dQ tiles: d64 + 2 x 16 KB = 146 KB, d128 +
 // 2 x 32 KB = 226 KB (of 227).
-// kOverlap (FLASH_ATTN_BWD_WS_OVERLAP=1) carries the dQ tile (d/4 fp32 registers per thread)
+// kOverlap (measured no faster; not dispatched) carries the dQ tile (d/4 fp32 registers per thread)
 // over the next block's S^T / dP^T issue, next to dK, dV, S^T and dP^T: the d64 consumers peak
 // at 180 of their 240 registers; d128 (234 without it) spills 20-28 bytes, so it is built for
 // d64 only.
@@ -47,8 +46,8 @@ template <typename Traits>
 void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems, int64_t dsum_elems) {
     using Element = typename Traits::Element;
     // dq_accum's layout for the conversion and the kernel (kp.p is a copy): the split-d stage
-    // form always swizzles; the kDqTma dQ tiles unless FLASH_ATTN_BWD_WS_DQ_SWIZZLE=0.
-    params.dq_accum_swizzled = Traits::kDqStage || (Traits::kDqTma && !Traits::kSplitD && params.bwd_ws_dq_swizzle);
+    // form and the kDqTma dQ tiles always swizzle.
+    params.dq_accum_swizzled = Traits::kDqStage || (Traits::kDqTma && !Traits::kSplitD);
     FLASH_BIND_CONTEXT();
     BwdWsKernelParams<Traits> kp{};
     kp.p = params;
@@ -129,7 +128,7 @@ bool tma_geometry(BwdParams const &params, int &rows_q, int &batch_q, int64_t &l
 // the lock-step sm_90a backward. Served: kMod = false, the plain backward (no softcap / ALiBi /
 // dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
 // dispatch), the calls with softcap (d128) and / or ALiBi, or deterministic, but no dropout, with
-// the dQ bulk reduce-add only (FLASH_ATTN_BWD_WS_DQ=atomic sends them to the lock-step kernel).
+// the dQ bulk reduce-add.
 // Both: causal / sliding window, MQA / GQA, dense or varlen (deterministic: dense). Not served:
 // what tma_geometry rejects.
 template <typename Element, int kHeadDim, bool kMod>
@@ -146,7 +145,7 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     const bool det_ok = !params.deterministic ||
                         (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
     const bool served_features = kMod ? (has_mod || params.deterministic) && det_ok && params.p_dropout <= 0.f &&
-                                            params.bwd_ws_dq_tma && !(kHeadDim == 64 && params.softcap_scale > 0.f)
+                                            !(kHeadDim == 64 && params.softcap_scale > 0.f)
                                       : !has_features(params);
     if (!served_features || (params.dq_accum_splits > 1 && !params.deterministic)) return false;
     int rows_q, batch_q;
@@ -169,12 +168,11 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
 
 // The dropout calls (own translation units, *_drop.cu): dropout with or without ALiBi (softcap with
 // dropout is rejected by the binding), dense or varlen, dQ bulk reduce-add, not deterministic
-// (those stay on the lock-step kernel's sliced mode). FLASH_ATTN_BWD_WS_DROPOUT=0 (params.
-// bwd_ws_dropout) sends them to the lock-step kernel, for A/B.
+// (those stay on the lock-step kernel's sliced mode).
 template <typename Element, int kHeadDim>
 bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Bwd<kHeadDim>);
-    if (!(params.p_dropout > 0.f && params.bwd_ws_dropout && params.bwd_ws_dq_tma && params.softcap_scale <= 0.f &&
+    if (!(params.p_dropout > 0.f && params.softcap_scale <= 0.f &&
           !params.deterministic && params.dq_accum_splits <= 1)) {
         return false;
     }
@@ -187,50 +185,32 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
 }
 
 // Head dim 256: the split-d kernel (kSplitD: 64-key CTAs, the consumer warpgroups split the head
-// dim, dQ by fp32 atomics; BwdKernelTraitsSm90SplitD), dense or varlen, causal / sliding window,
-// MQA / GQA. params.bwd_ws_d256 (FLASH_ATTN_BWD_WS_D256) picks the form: 2 (the default) the
-// exchange form (S^T / dP^T split by queries, P^T / dS^T through shared memory, 224 KB), 1 the
-// redundant one (both warpgroups compute the whole S^T / dP^T, 208 KB), 0 none (the SM80-class
-// kernel runs). kMod = false: plain calls; kMod = true (the exchange form only, params.
-// bwd_ws_d256_mod: on unless FLASH_ATTN_BWD_WS_D256_MOD=0): dropout (with ALiBi or not, not
-// deterministic; one P^T buffer and two 4 KB flag buffers), softcap and / or
-// ALiBi, or deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det;
-// the consumers add each dQ tile in the slice's order), no dropout. Returns false (nothing
-// launched) for the calls it does not serve.
-template <typename Element, bool kMod>
+// dim; BwdKernelTraitsSm90SplitD) in its exchange form (S^T / dP^T split by queries, P^T / dS^T
+// through shared memory, 224 KB; dQ through the Q / dO stage), dense or varlen, causal / sliding
+// window, MQA / GQA. One kernel takes the plain calls and those with softcap and / or ALiBi or
+// deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det; the
+// writer warp adds each dQ tile in the slice's order): the score modifiers are run-time branches,
+// and plain calls ran faster on it than on a kernel without them (6.06 vs 6.50 ms for bf16 8k).
+// Dropout (with ALiBi or not, not deterministic: those keep the SM80-class kernels' sliced mode)
+// has its own kernel: one P^T buffer and two 4 KB flag buffers. Returns false (nothing launched)
+// for the calls it does not serve.
+template <typename Element>
 bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
-    if (params.bwd_ws_d256 == 0) return false;
-    if constexpr (kMod) {
-        const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
-        const bool det_ok = !params.deterministic ||
-                            (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
-        // Dropout (with ALiBi or not; softcap with dropout is rejected by the binding) on its own
-        // kernel, not deterministic (those keep the SM80-class kernels' sliced mode).
-        const bool dropout = params.p_dropout > 0.f;
-        const bool served = dropout ? !params.deterministic && params.softcap_scale <= 0.f
-                                    : (has_mod || params.deterministic || params.bwd_ws_d256_plain_mod) && det_ok;
-        if (!params.bwd_ws_d256_mod || params.bwd_ws_d256 != 2 || !served ||
-            (params.dq_accum_splits > 1 && !params.deterministic)) {
-            return false;
-        }
-    } else if (has_features(params) || params.dq_accum_splits > 1) {
-        return false;
-    }
+    const bool det_ok = !params.deterministic ||
+                        (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
+    const bool dropout = params.p_dropout > 0.f;
+    const bool served = dropout ? !params.deterministic && params.softcap_scale <= 0.f : det_ok;
+    if (!served || (params.dq_accum_splits > 1 && !params.deterministic)) return false;
     int rows_q, batch_q;
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
-    if constexpr (kMod) {
-        if (params.p_dropout > 0.f) {
-            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
-                                           /*kSplitD=*/2, /*kDqStage=*/true>;
-            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-        } else {  // softcap / ALiBi / deterministic: dQ through the Q / dO stage
-            using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
-                                           /*kDqStage=*/true>;
-            bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
-        }
+    if (dropout) {
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
+                                       /*kSplitD=*/2, /*kDqStage=*/true>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
-        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, false, false, /*kSplitD=*/2, /*kDqStage=*/true>;
+        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
+                                       /*kDqStage=*/true>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     }
     return true;

@@ -36,15 +36,15 @@ void launch_fwd(FwdParams &params, cudaStream_t stream) {
     FLASH_CHECK_LAUNCH();
 }
 
-// Head dims whose feature calls run fixed-feature-set kernels (kStatic; attn_mods.h) unless
-// params.feat_generic. The generic run-time variant costs 1.3-1.6x the plain kernel at d = 256
+// Head dims whose feature calls run fixed-feature-set kernels (kStatic; attn_mods.h; S_dmask
+// calls excepted). The generic run-time variant costs 1.3-1.6x the plain kernel at d = 256
 // whatever the feature (its optional code is if-converted into one predicated block).
 template <int kHeadDim>
 constexpr bool kFeatSets = kHeadDim == 256;
 
 // The fixed feature set of a feature call, or 0 where none applies (S_dmask: the generic kernel).
 inline int fwd_feature_set(const FwdParams &params) {
-    if (params.feat_generic || params.s_dmask_ptr != nullptr) return 0;
+    if (params.s_dmask_ptr != nullptr) return 0;
     return kModStatic | (params.softcap_scale > 0.f ? kModSoftcap : 0) |
            (params.alibi_slopes_ptr != nullptr ? kModAlibi : 0) | (params.p_dropout > 0.f ? kModDropout : 0);
 }
@@ -74,10 +74,10 @@ void launch_fwd_feat(FwdParams &params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, bool kFeat = false>
 void run_mha_fwd_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
-    // FLASH_ATTN_FWD_WS=1 (params.fwd_ws): the warp-specialised kernel, plain or feature variant
+    // The warp-specialised kernel, plain or feature variant
     // (not S_dmask: it declines, and the calls below run).
     if constexpr (kHasSm90FwdWs<kHeadDim>) {
-        if (params.use_sm90 && params.fwd_ws && run_mha_fwd_ws_sm90<Element, kHeadDim, kFeat>(params, stream)) {
+        if (params.use_sm90 && run_mha_fwd_ws_sm90<Element, kHeadDim, kFeat>(params, stream)) {
             return;
         }
     }

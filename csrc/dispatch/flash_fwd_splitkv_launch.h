@@ -27,7 +27,7 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
 #ifdef FLASH_ATTN_SM90A
-    // params.decode_sm90: the binding's choice (FLASH_ATTN_DECODE_KERNEL, sm_90 device); the
+    // params.decode_sm90: the binding's choice (paged calls on an sm_90 device); the
     // kernel needs d to fill the tile (no zero columns to pad).
     if constexpr (kHasSm90Decode<kHeadDim>) {
         if (params.decode_sm90 && params.d == kHeadDim) {
@@ -43,20 +43,16 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
             // together, 3 buffers (+0.5-1.3% over the wide kernel, 1.000 / 0.998 / 1.004 of cuDNN;
             // flash_fwd_splitkv_cta_kernel.h).
             const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
-            const bool wide_ab = !params.decode_skip_rescale || params.decode_l2_prefetch || params.decode_pipeline_s;
             // Paged: where the binding chose it (params.decode_paged_cta: power-of-two pages, no
             // cache_leftpad), in the default variant's shape.
             const bool paged = params.block_table != nullptr;
-            if (paged && params.decode_paged_cta && params.decode_cta == kDecodeCtaDefault && !mod && !wide_ab &&
-                params.d == 128) {
+            if (paged && params.decode_paged_cta && !mod && params.d == 128) {
                 launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>, /*kPaged=*/true>(params, stream);
                 return;
             }
-            if (params.decode_cta > 0 && !paged && !mod && !wide_ab && params.d == 128) {
-                if (params.decode_cta == kDecodeCtaDefault) {
-                    launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
-                    return;
-                }
+            if (!paged && !mod && params.d == 128) {
+                launch_splitkv_cta<SplitKVCtaTraits<Element, 3, 4, true, 64>>(params, stream);
+                return;
             }
             launch_splitkv<SplitKVWideTraits<Element>>(params, stream);
             return;
@@ -74,16 +70,8 @@ void launch_splitkv(FwdParams &params, cudaStream_t stream) {
     const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
     auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
     if constexpr (Traits::kNWarps == 8) {
-        // The wide shape's plain kernel: the binding's A/B switches (params.decode_skip_rescale,
-        // default on; params.decode_l2_prefetch, default off; params.decode_pipeline_s, default
-        // off, with the default skip and no prefetch only).
-        if (!mod) {
-            const bool skip = params.decode_skip_rescale, pf = params.decode_l2_prefetch;
-            kernel = skip ? (pf ? &flash_fwd_splitkv_kernel<Traits, false, true, true>
-                                : &flash_fwd_splitkv_kernel<Traits, false, true, false>)
-                          : (pf ? &flash_fwd_splitkv_kernel<Traits, false, false, true>
-                                : &flash_fwd_splitkv_kernel<Traits, false, false, false>);
-        }
+        // The wide shape's plain kernel skips the rescale of rows whose max did not move.
+        if (!mod) kernel = &flash_fwd_splitkv_kernel<Traits, false, /*kSkipRescale=*/true>;
     }
     if (smem_size >= 48 * 1024) {
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));

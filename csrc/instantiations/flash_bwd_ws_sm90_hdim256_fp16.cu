@@ -2,5 +2,5 @@
 #include "dispatch/flash_bwd_ws_launch_sm90.h"
 
 namespace flash {
-template bool run_mha_bwd_ws_sm90_d256<cutlass::half_t, false>(BwdParams &params, cudaStream_t stream);
+template bool run_mha_bwd_ws_sm90_d256<cutlass::half_t>(BwdParams &params, cudaStream_t stream);
 }  // namespace flash

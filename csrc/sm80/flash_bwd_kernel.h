@@ -31,15 +31,15 @@ using namespace cute;
 // kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
 // blockIdx.x (reversed in its semaphore-ordered deterministic mode, see flash_bwd_kernel), else
 // kModStatic | the features compiled in and always on, with the key block n_block_arg.
-// kVariant (plain kernels only; params.bwd_sm80_variant), bits:
+// kVariant (plain kernels only; dispatched: 1), bits:
 //   1: the dQ GEMM and its atomics before the dK GEMM (FA2's order: the reductions drain while dK
-//      runs; the default since session 10), else after it. Scalar fp32 atomics instead of the
-//      float2 ones measured 1.35x slower at d256 (session 10).
+//      runs; the default), else after it. Scalar fp32 atomics instead of the
+//      float2 ones measured 1.35x slower at d256.
 //   2: FA2's load placement: one dO buffer, the next block's Q issued once dS is computed and its
 //      dO after the dV GEMM (behind one more CTA barrier), instead of both at the top of the step
-//      into double buffers (smem 213 -> 180 KB at d256; A/B, session 10, not GPU-run).
+//      into double buffers (smem 213 -> 180 KB at d256; A/B, not GPU-run).
 //   4: LSE and softmax_d of the next query block loaded into registers one step ahead (FA2),
-//      instead of in the step (A/B, session 10, not GPU-run).
+//      instead of in the step (A/B, not GPU-run).
 template <typename Traits, bool kFeat, int kStatic, int kVariant = 0>
 __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_block_arg, const int64_t dq_slice) {
     static_assert(kFeat || kStatic == 0);

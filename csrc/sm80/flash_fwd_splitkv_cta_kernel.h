@@ -1,10 +1,10 @@
 // Split-KV decode at d = 128 with cuDNN's schedule: the default for contiguous caches without
-// softcap / ALiBi (FLASH_ATTN_DECODE_CTA, flash_fwd_splitkv_launch.h; default variant 11 since
-// session 16: 64-key CTA tiles, 4 warps x 16 keys, K and V together, 3 buffers).
+// softcap / ALiBi (flash_fwd_splitkv_launch.h: 64-key CTA tiles, 4 warps x 16 keys, K and V
+// together, 3 buffers).
 //
 // The wide kernel (flash_fwd_splitkv_kernel.h) lets each of 8 warps stream its own 16-key tiles
 // through its own ring: up to 192 KB of K / V in flight per SM, issued by 8 independent streams.
-// cuDNN's decode kernel (ncu, session 4) reads the same bytes at 94-96% of DRAM peak against the
+// cuDNN's decode kernel (ncu) reads the same bytes at 94-96% of DRAM peak against the
 // wide kernel's 91-93.5% with the opposite shape: 4 warps, one CTA per (batch, KV head), 128-key
 // CTA tiles (each warp takes 32 keys of a tile), K and V loaded by the whole CTA one 32 KB burst
 // at a time, ~86 KB of shared memory. This kernel is that schedule:
@@ -66,19 +66,19 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
-// kPaged (the paged default since session 17; FLASH_ATTN_DECODE_PAGED_CTA=0 turns it off): K / V
+// kPaged (BwdParams::decode_paged_cta): K / V
 // rows through params.block_table, for power-of-two pages without cache_leftpad (the binding
 // checks): a thread's rows of a tile come in 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
 // thread kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not
-// a division per row. (Session 16's first paged form, a division and an entry per row, was 14-22%
+// a division per row. (Earlier first paged form, a division and an entry per row, was 14-22%
 // slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on
 // the critical path.)
-// kClusterSync > 0 (A/B-only, FLASH_ATTN_DECODE_CTA=16): the CTAs of one (batch, m block, split)
+// kClusterSync > 0 (measured no faster; not dispatched): the CTAs of one (batch, m block, split)
 // over all KV heads run as one thread-block cluster (launch_splitkv_cta) and meet at a cluster
 // barrier every kClusterSync tiles (arrive, then wait kClusterSync / 2 tiles later), so that they
 // read the 256-byte slices of the same K / V rows (b, s, :, :) at about the same time: a test of
 // whether DRAM row locality across heads is what cuDNN's 0.5% more of peak comes from.
-// kTma (A/B-only, FLASH_ATTN_DECODE_CTA=17, sm_90a): K / V tiles as TMA copies issued by one
+// kTma (measured no faster; not dispatched; sm_90a): K / V tiles as TMA copies issued by one
 // thread, completed on per-stage mbarriers (sm90/splitkv_cta_tma_sm90.h); the kernel argument
 // then carries the TMA descriptors next to the FwdParams.
 template <typename Traits, bool kTma>

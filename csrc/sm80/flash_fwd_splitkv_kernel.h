@@ -72,12 +72,12 @@ template <typename Element>
 using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true>;
 static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideSmemBytes);
 
-// kSkipRescale (A/B, FLASH_ATTN_DECODE_SKIP_RESCALE=1): skip O *= exp(m_old - m_new) when no row of
+// kSkipRescale (dispatched for the wide shape's plain calls): skip O *= exp(m_old - m_new) when no row of
 // the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
 // so the results are bitwise those of the default.
-// kL2Prefetch (A/B, FLASH_ATTN_DECODE_L2_PREFETCH=1): K/V loads with the L2 256-byte prefetch hint.
-// kPipelineS (A/B, FLASH_ATTN_DECODE_PIPELINE=1; kStages >= 3): a warp issues the S = Q K^T MMAs of
+// kL2Prefetch (measured no faster; not dispatched): K/V loads with the L2 256-byte prefetch hint.
+// kPipelineS (0.3-1.4% slower; not dispatched; kStages >= 3): a warp issues the S = Q K^T MMAs of
 // its next tile before the softmax and P V of the current one, so that the tensor-core latency
 // of S overlaps the softmax's shuffles and exps instead of adding to each tile's chain (the per-
 // tile latency limits a warp here). The cost: the next tile must have landed one iteration

@@ -121,7 +121,7 @@ __forceinline__ __device__ void dropout_fwd_apply(TensorP &rP, uint4 const *flag
 // ((col / 8) % 4, (col % 8) / 2), (r8, rb) = (row % 8, row / 16) (flash_bwd_kernel_sm90.h).
 //
 // Layout 2 (the first layout, 16 LDS.32 with run-time swizzled addresses per reader, was removed
-// in session 6): the reader's 16 words are 4 LDS.128 and the writer's 8 words are 4 STS.64.
+//): the reader's 16 words are 4 LDS.128 and the writer's 8 words are 4 STS.64.
 // Word w of group (c32, c4, r8, rb) serves keys 32 w + 8 c32 + 2 c4 + {0, 1}, i.e. key pair
 // kp = 16 w + 4 c32 + c4, and query rows 16 rb + r8 + {0, 8}; it lives at word
 // kp * 32 + r8 * 4 + rb. A reader (key x, query 2m of element 0) wants groups r8 = 2m + jb

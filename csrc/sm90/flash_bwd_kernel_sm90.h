@@ -16,7 +16,7 @@
 //
 // Dropout flags (kFeat with dropout): layout 2 of dropout_sm90.h (4 LDS.128 per application, 4
 // STS.64 per generation), generated after dQ = dS K is issued, in the longest window (dV, dK and
-// dQ in flight, nothing else left to issue). The alternatives measured on the H200 (session 5,
+// dQ in flight, nothing else left to issue). The alternatives measured on the H200 (
 // bf16 8k d128: dropout bwd 1.18x of plain here) were the first layout (16 LDS.32 per
 // application) and generation in the S / dP window, ahead of the softmax: 1.24x; removed.
 #pragma once

@@ -1,6 +1,6 @@
 // Warp-specialised sm_90a backward (FA3-style): the plain calls, (Traits::kMod) those with softcap
 // and / or ALiBi and the deterministic dQ, and (Traits::kDropout) dropout, with ALiBi or not. The
-// default for the calls it serves since session 8; FLASH_ATTN_BWD_WS=0 selects the lock-step kernel.
+// default for the calls it serves; the lock-step kernel takes the others.
 //
 // One CTA per (128-key block, batch, query head), walking the 64-row query blocks that can see its
 // keys, as the lock-step kernel; what changes is who loads what and how the warps wait:
@@ -17,7 +17,7 @@
 //         dQ = dS K; wait all GEMMs; release stage s (empty[s], 256 arrivals)
 //         fp32 atomics of dQ into dq_accum                                        (as today)
 //
-// Option kDqTma (FLASH_ATTN_BWD_WS_DQ=tma; FA3's dQ path): instead of the atomics, the consumers
+// Option kDqTma (always dispatched; FA3's dQ path): instead of the atomics, the consumers
 // write the block's 64 x d fp32 dQ tile, row-major as in dq_accum, into shared buffer (block
 // parity; 2 buffers), fence it for the async proxy and arrive on kdQFull[buf]; warp 1 of the
 // producer warpgroup (the dQ writer, otherwise retired) syncs on it, one lane issues a bulk
@@ -27,7 +27,7 @@
 // consumer thread and block become one bulk operation per CTA and block, issued off the
 // consumers' critical path.
 //
-// Option kOverlap (FLASH_ATTN_BWD_WS_OVERLAP=1, d64): block i's dQ write-out (either form) moves
+// Option kOverlap (measured no faster and not dispatched, d64): block i's dQ write-out (either form) moves
 // into iteration i + 1, right after S^T / dP^T of block i + 1 are issued, so that it runs under
 // those GEMMs instead of between block i's dQ GEMM and block i + 1's start. (Issuing S^T / dP^T
 // of i + 1 before waiting for dQ of i, as FA3 describes it, makes ptxas serialise all wgmmas.)
@@ -589,7 +589,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             // Row-major fp32, as dq_accum. A warp's float2 store covers 8 rows x 32 bytes (lanes
             // 4 i .. 4 i + 3: row r0 + i, one 8-float group) at a row pitch of kHeadDim x 4 bytes
             // (a multiple of 128): plain, all 8 rows hit the same 8 banks (8-way conflicts, 22% of
-            // the kernel's shared-memory wavefronts in session 21's ncu). With the swizzle (float
+            // the kernel's shared-memory wavefronts in ncu). With the swizzle (float
             // c of row r at c ^ (8 (r % 4)), params.dq_accum_swizzled) rows r0 .. r0 + 3 land on
             // the four 8-bank groups: 2 wavefronts per store, the minimum for 256 bytes.
             float *sdQ_buf = ss.smem_dq.data() + dq_buf * (kBlockM * kHeadDim);
@@ -670,7 +670,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // kRowPrefetch (the plain d128 kernel: 16 query columns per thread): LSE log2e of this
         // thread's query columns read from shared memory into registers while S^T runs, and
         // softmax_d while dV / dP^T run. Read after the wait (a wgmma wait is a memory barrier to
-        // the compiler), each load's latency stalled the exp2 right behind it (session 21's ncu,
+        // the compiler), each load's latency stalled the exp2 right behind it (ncu,
         // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
         // dropout kernels spill with it (24 / 68 bytes), and the d64 kernel (32 columns per
         // thread: 300 bytes), so they read in place. The d256 split-d kernels took it without
@@ -776,19 +776,15 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // (warp i of a warpgroup holds accumulator rows 16 i .. 16 i + 15).
         // (The exchange form: each warpgroup writes its 32 queries of dS^T and of P^T.)
         if constexpr (!Traits::kSplitD) {
-            if (params.bwd_ws_ds_stsm) {
-                // stmatrix (default): four 8 x 8 tiles per instruction, each tile row 8 queries =
-                // 16 contiguous bytes of the MN-major dS buffer (FA3's SM90_U32x4_STSM_N for a
-                // transposed S / dP with an MN-major dS). The element-wise copy below compiles to
-                // 16 generic 4-byte ST per thread at d128 (session 21's ncu: lg_throttle, and the
-                // fence / barrier behind them waiting on the long scoreboard).
-                auto r2s_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_sdp);
-                auto r2s_thr_copy_ds = r2s_copy_ds.get_thread_slice(tidx);
-                Tensor tdSsdSt_stsm = r2s_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, buffer)
-                cute::copy(r2s_copy_ds, r2s_thr_copy_ds.retile_S(rdS), tdSsdSt_stsm(_, _, _, ds_buf));
-            } else {
-                cute::copy(rdS, tdSsdSt(_, _, _, ds_buf));
-            }
+            // stmatrix: four 8 x 8 tiles per instruction, each tile row 8 queries = 16 contiguous
+            // bytes of the MN-major dS buffer (FA3's SM90_U32x4_STSM_N for a transposed S / dP with
+            // an MN-major dS). An element-wise copy compiles to 16 generic 4-byte ST per thread at
+            // d128 (ncu: lg_throttle, and the fence / barrier behind them waiting on the long
+            // scoreboard).
+            auto r2s_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_sdp);
+            auto r2s_thr_copy_ds = r2s_copy_ds.get_thread_slice(tidx);
+            Tensor tdSsdSt_stsm = r2s_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, buffer)
+            cute::copy(r2s_copy_ds, r2s_thr_copy_ds.retile_S(rdS), tdSsdSt_stsm(_, _, _, ds_buf));
         } else if (kExchange || (tidx % 128) / 64 == tidx / 128) {
             Tensor tdSsdSt_buf = tdSsdSt(_, _, _, ds_buf);
             cute::copy(rdS, tdSsdSt_buf);

@@ -24,7 +24,7 @@ namespace flash {
 using namespace cute;
 
 // kPersistent: a 1-D grid of at most one CTA per SM, each walking the tiles blockIdx.x,
-// + gridDim.x, ... (FLASH_ATTN_FWD_WS_PERSISTENT=1, plain variant only: the feature variants
+// + gridDim.x, ... (fwd_ws_use_persistent, plain variant only: the feature variants
 // spill with the tile loop, up to 132 B at d256). Otherwise the 3-D grid (m blocks, b, h), one
 // tile per CTA: the loop below runs once and compiles to straight-line code.
 template <typename Traits, bool kFeat = false, bool kPersistent = false>

@@ -132,7 +132,7 @@ struct FwdWsFeatures {
 // Ends ptxas's scheduling block here. Without it ptxas moves the WARPGROUP.DEPBAR that waits for
 // the warpgroup's own P V GEMM (warpgroup_wait<0>, placed after the softmax in the source) up
 // to the top of the softmax's block, above the row max and the exps, so that every softmax
-// waited for the previous P V and the intra-warpgroup overlap was lost (found in session 6,
+// waited for the previous P V and the intra-warpgroup overlap was lost (found
 // unexplained then; probably the scheduler wants to interleave the F2FP conversions into P,
 // which must follow the wait, with the MUFU.EX2s). A branch on a value the compiler cannot
 // know splits the block: the running row sums, which are never negative (sums of exponentials;
@@ -349,7 +349,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         if (t == n_blocks - 1) { q_done(); }
         mask_tile(acc_s_next, n_block);
         rescale = softmax.template update_scores</*kFirst=*/false, kLazy>(acc_s_next, params.scale_softmax_log2);
-        // Measured (session 20): plain d128 / d256 forward +2-9%; the feature kernels 3-6% slower
+        // Measured : plain d128 / d256 forward +2-9%; the feature kernels 3-6% slower
         // and the plain d64 one 0-4% slower (MUFU-bound there), so only the plain d >= 128 kernels.
         if constexpr (!kFeat && Traits::kHeadDim >= 128) {
             scheduling_block_boundary(softmax.row_sum);  // keeps the P V wait below the exps
@@ -376,7 +376,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     // The persistent kernel carries state_v into the next tile: without this step its consumers
     // started the next tile one V slot behind the producer (which advanced once per load_v), waited
     // on a slot whose phase had already completed and released it twice: the session-7 hang of a
-    // CTA's second tile (found by reading the code in session 10).
+    // CTA's second tile (found by reading the code).
     ++state_v;
 }
 

@@ -61,12 +61,12 @@ enum class BwdWsBarrier : uint32_t {
 // kDqStage (split-d exchange form): dQ tiles leave through the query block's own Q /
 // dO stage (no room for a dQ buffer at d256) and bulk reduces by warp 1 of the producer warpgroup
 // (bwd_ws_write_dq_split_d), which also hands each stage back to the producer; in the slice's
-// order for deterministic calls (BwdWsDqOrder). Session 12, bf16 8k bwd: the deterministic calls
+// order for deterministic calls (BwdWsDqOrder). bf16 8k bwd: the deterministic calls
 // 14.4 -> 7.7 ms (ordered fp32 atomics need a gpu-scope fence to publish them, which makes ptxas
 // emit them as ATOMG), below the atomics kernel's plain 9.6 ms, hence every such call's kernel.
 // kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
 // atomic instructions of float2).
-// kBlockM (not split-d, not dropout): query rows per step, 64, or 128 (d64 since session 14, plain
+// kBlockM (not split-d, not dropout): query rows per step, 64, or 128 (d64, plain
 // and kMod: FA3's d64 tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64
 // queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
 template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
@@ -113,7 +113,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     // session-19 hang). 24 / 240: the Philox loop fits in 24 registers without spills (d128), and
     // the consumers spill 76 bytes at 232.
     // d64 stays on the consumers' generation: there the producer form (40 / 232 registers)
-    // measured 1.38x the plain backward against 1.36x (session 19; d128: 1.14x against 1.20x).
+    // measured 1.38x the plain backward against 1.36x (d128: 1.14x against 1.20x).
     static constexpr bool kDropoutInProducer = kDropout && kSplitD_ == 0 && kHeadDim == 128;
     static constexpr int kDropProducerThreads = 64;
     static constexpr int kProducerRegs = 24;
@@ -168,7 +168,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
 
     // dQ tiles of kDqTma: (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
     // they are added to (one contiguous 1-D bulk reduce per tile); with params.dq_accum_swizzled
-    // (the default, BwdParams::bwd_ws_dq_swizzle) float c of row r sits at c ^ (8 (r % 4)) in
+    // (always, for the d64 / d128 kernels) float c of row r sits at c ^ (8 (r % 4)) in
     // both, which makes the consumers' float2 stores conflict-free (see write_out_dq) and which
     // the dQ conversion undoes. Double-buffered: the consumers
     // fill one while the writer's reduce still reads the other. The d128 dropout kernel keeps one

@@ -28,11 +28,11 @@ enum class FwdWsBarrier : uint32_t {
     kEpiWG0 = 3,
 };
 
-// See FwdWsTraitsSm90::kLazyRescaleLog2 (sed by PART=S26C).
+// See FwdWsTraitsSm90::kLazyRescaleLog2.
 constexpr int kFwdLazyRescaleLog2 = 8;
-// The same for the softcap / ALiBi / dropout kernels (sed by PART=S26F).
+// The same for the softcap / ALiBi / dropout kernels.
 constexpr int kFwdLazyRescaleLog2Feat = 8;
-// See FwdWsTraitsSm90::kQInRegs (sed to 0 by PART=S27C).
+// See FwdWsTraitsSm90::kQInRegs.
 constexpr int kFwdQInRegs = 1;
 
 template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
@@ -55,17 +55,17 @@ struct FwdWsTraitsSm90 {
     // O's online-softmax rescale placed just before the next P V is issued, where the S GEMM
     // issued right before it covers it (FA3's RescaleOBeforeGemm, which it uses above d128),
     // instead of after the P V wait, on the path from one pingpong turn to the next. Measured
-    // (session 23, bf16 16k tokens, two-build A/B): d256 plain +0-2% (10 of 12 cells), d64 and
+    // (bf16 16k tokens, two-build A/B): d256 plain +0-2% (10 of 12 cells), d64 and
     // d128 1-2.5% slower, the feature kernels mixed (d256 dropout -4%, ALiBi +2%): plain d256 only
     // (the mainloop's kFeat keeps the feature kernels on the other placement).
     static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
     // The plain kernels' conditional rescaling (OnlineSoftmax::update_scores kLazyLog2; 0 = every
-    // tile rescales O as soon as a row max moves). Measured (session 26, PART=S26C, two-.so A/B):
+    // tile rescales O as soon as a row max moves). Measured (two-build A/B):
     // d128 +1-9%, d256 +3-13% (largest at 8k), d64 2-5% slower (its O rescale is only 32 FMULs
     // per tile and the vote costs more than it saves): d >= 128 only.
     static constexpr int kLazyRescaleLog2 = kHeadDim >= 128 ? kFwdLazyRescaleLog2 : 0;
     static constexpr int kLazyRescaleLog2Feat = kHeadDim >= 128 ? kFwdLazyRescaleLog2Feat : 0;
-    // The plain kernels' TMA store of O (see fwd_ws_store). Measured (session 26, run-time A/B):
+    // The plain kernels' TMA store of O (see fwd_ws_store). Measured (run-time A/B):
     // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
     static constexpr bool kTmaStoreO = kHeadDim <= 128;
     // Whether a kernel compiles the TMA store in: the plain ones only (the feature kernels, which
@@ -75,9 +75,9 @@ struct FwdWsTraitsSm90 {
 
     // S = Q K^T with Q as the register A operand (RS, loaded from its shared tile once per tile)
     // instead of both operands from shared memory (SS): the wgmma then reads K alone from shared
-    // memory, 32 instead of 48 KB per (64-row, 128-key) S GEMM at d128. Tried (session 27) because
+    // memory, 32 instead of 48 KB per (64-row, 128-key) S GEMM at d128. Tried because
     // our d >= 128 forwards run at the 700 W board limit while cuDNN's draw ~570 W; measured
-    // (PART=S27C, two-.so A/B): causal +0.1-3.1% (most at 8k), non-causal +-1%, power unchanged.
+    // (two-build A/B): causal +0.1-3.1% (most at 8k), non-causal +-1%, power unchanged.
     // d128 plain persistent kernel only (ptxas, CUDA 13.0: up to R226 of its 232 registers, no
     // spills; the non-persistent one spilled 328 B, d256 has no room for 64 more registers, the
     // feature kernels spill already).

@@ -1,5 +1,5 @@
-// TMA loads for the CTA-schedule decode kernel (flash_fwd_splitkv_cta_kernel.h, kTma; A/B-only,
-// FLASH_ATTN_DECODE_CTA=17, sm_90a): one thread issues each tile's K and V as TMA tensor copies,
+// TMA loads for the CTA-schedule decode kernel (flash_fwd_splitkv_cta_kernel.h, kTma;
+// measured no faster than cp.async and not dispatched, sm_90a): one thread issues each tile's K and V as TMA tensor copies,
 // one per warp sub-tile (each two boxes of 64 columns: CuTe splits the 128-byte swizzle atoms),
 // completed on a per-stage mbarrier, instead of 16 cp.async per thread and tile with their address
 // arithmetic (cuDNN runs 74 M instructions where the cp.async kernel runs ~137 M at b16 32k).
