@@ -573,4 +573,4 @@ def check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, batch_cache, c
                 lengths = torch.full((block_table.shape[0],), full, dtype=torch.int64,
                                      device=block_table.device)
             _block_table_error(block_table, lengths, page_block_size, num_blocks, _first(bad),
-                               "cache length after the append")
+                               "cache length after the append" if seqlen_new else "cache length")

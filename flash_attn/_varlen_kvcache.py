@@ -309,6 +309,8 @@ def _flash_attn_varlen_forward_fake(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_dropout_softcap(dropout_p, softcap)
     _check_return_softmax(return_softmax, dropout_p)
+    max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -401,6 +403,8 @@ def _flash_attn_varlen_backward_fake(
     zero_tensors: bool = False,
 ) -> torch.Tensor:
     _check_dropout_softcap(dropout_p, softcap)
+    _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
     return torch.empty((num_heads, total_q + 128 * batch_size), dtype=torch.float32,
@@ -476,7 +480,8 @@ def _varlen_backward(ctx, dout, dq, dk, dv):
     checked = ctx.checked_versions
     if checked is not None and None not in checked and checked == (
             _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k)):
-        # The forward checked these cu_seqlens and they have not been modified since.
+        # The forward checked these cu_seqlens and they have not been modified since (autograd
+        # also refuses saved tensors modified in place).
         with _checks.trusted_values():
             _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse,
                                     cu_seqlens_q, cu_seqlens_k, rng_state)
@@ -980,10 +985,10 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
                 f"{type(cache_seqlens).__name__}"
             ) from None
         except FlashAttnValueError:
-            new_s = f" + seqlen_new ({seqlen_new})" if seqlen_new else ""
+            new_s = f" + seqlen_new (k.shape[1] = {seqlen_new})" if seqlen_new else ""
             raise FlashAttnValueError(
-                f"flash_attn: cache_seqlens = {cache_seqlens}{new_s} must be in [0, "
-                f"{seqlen_cache}] (the cache's rows)"
+                f"flash_attn: cache_seqlens = {cache_seqlens} out of range: 0 <= "
+                f"cache_seqlens{new_s} <= {seqlen_cache} (the cache's rows) must hold"
             ) from None
     elif cache_seqlens is not None:
         _check_int_tensor(cache_seqlens, "cache_seqlens", (b,), q.device, f"({b},)")

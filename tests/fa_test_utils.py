@@ -484,15 +484,19 @@ class CpuExt:
         return torch.stack(outs), torch.stack(lses)
 
 
-def install_cpu_ext(monkeypatch, ext=None):
+def install_cpu_ext(monkeypatch, ext=None, fp32=False):
     """Route every entry point's CPU calls to a CpuExt through the real Python layer (the op
-    implementations, not their fakes): CPU tensors allowed, the ops' impls called directly."""
+    implementations, not their fakes): CPU tensors allowed (fp32 too with fp32=True, for exact
+    comparisons), the ops' impls called directly."""
     import flash_attn._varlen_kvcache as vk
     import flash_attn.flash_attn_interface as fi
 
     ext = CpuExt() if ext is None else ext
     for mod in (fi, vk):
         monkeypatch.setattr(mod, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+        if fp32:
+            monkeypatch.setattr(mod, "_SUPPORTED_DTYPES",
+                                (torch.float16, torch.bfloat16, torch.float32))
         monkeypatch.setattr(mod, "_ext_for", lambda q: ext)
     monkeypatch.setattr(fi, "_wrapped_flash_attn_forward", fi._flash_attn_forward_impl)
     monkeypatch.setattr(fi, "_wrapped_flash_attn_backward", fi._flash_attn_backward_impl)

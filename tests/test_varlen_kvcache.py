@@ -342,7 +342,7 @@ def _mask_from_s_dmask(S_dmask, lq, lk):
 
 def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), softcap=0.0,
                      alibi=None, dropout_p=0.0, deterministic=False, variant="func", tail=3,
-                     reruns=5):
+                     reruns=5, softmax_scale=None):
     require_config(dtype, d)
     if variant == "qkvpacked":
         lk, hk = lq, h
@@ -354,7 +354,8 @@ def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), sof
     v = torch.randn(sum(lk) + tail, hk, d, device="cuda", dtype=dtype, requires_grad=True)
     slopes = _alibi_slopes(alibi, b, h)
     kw = dict(dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap,
-              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
+              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True,
+              softmax_scale=softmax_scale)
     if variant == "func":
         leaves = (q, k, v)
         out, lse, S_dmask = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
@@ -387,7 +388,7 @@ def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), sof
         feats.update(dropout_p=dropout_p, dropout_masks=_mask_from_s_dmask(S_dmask, lq, lk))
     else:
         assert S_dmask.numel() == 0
-    scale = d ** -0.5
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
     out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True, **feats)
     g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
     out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False, **feats)
@@ -548,7 +549,8 @@ def _rotary_ref(x, cos, sin, pos, interleaved):
 def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, hk=2,
                  new_kv=True, seqlen_new=None, rotary_fraction=0.0, interleaved=False,
                  page=None, leftpad=False, batch_idx=False, num_splits=0, causal=False,
-                 window=(-1, -1), check_lse=True, device="cuda", softcap=0.0, alibi=None):
+                 window=(-1, -1), check_lse=True, device="cuda", softcap=0.0, alibi=None,
+                 softmax_scale=None):
     if device == "cuda":
         require_config(dtype, d)
     dev = device
@@ -615,7 +617,7 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         block_table=block_table, causal=causal, window_size=window, softcap=softcap,
         alibi_slopes=slopes, rotary_interleaved=interleaved, num_splits=num_splits,
-        return_softmax_lse=True)
+        softmax_scale=softmax_scale, return_softmax_lse=True)
 
     # The appended cache, exactly.
     if page is not None:
@@ -625,7 +627,7 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
     else:
         assert torch.equal(k_cache, k_ref_cache) and torch.equal(v_cache, v_ref_cache)
 
-    scale = d ** -0.5
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
     for i in range(b):
         lo_k = int(cache_leftpad[i]) if leftpad else 0
         hi_k = int(cache_seqlens[i]) + seqlen_new
