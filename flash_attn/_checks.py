@@ -76,7 +76,7 @@ def as_bool(x, name):
     """A bool argument: Python / numpy bool, the ints 0 and 1, or a 0-d bool / integer tensor
     holding 0 or 1 (what upstream's op schema accepts).  Strings, None and floats are rejected:
     causal="False" is a TypeError, not causal attention."""
-    if isinstance(x, bool):
+    if x is True or x is False:
         return x
     if isinstance(x, _SYM_BOOL):
         return x
@@ -95,6 +95,8 @@ def as_bool(x, name):
 
 def as_float(x, name):
     """A float argument: a Python / numpy real number or a 0-d real tensor (not bool)."""
+    if type(x) is float:
+        return x
     if isinstance(x, bool) or _is_numpy_bool(x) or isinstance(x, _SYM_BOOL):
         raise FlashAttnTypeError(f"flash_attn: {name} must be a float, got {_describe(x)}")
     if isinstance(x, float):
@@ -112,7 +114,10 @@ def as_float(x, name):
 def as_int(x, name, lo=None, hi=None):
     """An int argument: a Python / numpy integer or a 0-d integer tensor (not bool, not float),
     range-checked to [lo, hi] when those are given (before C++ narrows it)."""
-    if isinstance(x, bool) or _is_numpy_bool(x):
+    if type(x) is int:
+        if (lo is None or x >= lo) and (hi is None or x <= hi):
+            return x
+    elif isinstance(x, bool) or _is_numpy_bool(x):
         raise FlashAttnTypeError(f"flash_attn: {name} must be an int, got {_describe(x)}")
     if isinstance(x, _SYM_INT):
         return x
@@ -138,6 +143,11 @@ def window_pair(window_size):
     tensor on any device, as upstream accepts.  Elements must be integers (2.5 is a TypeError,
     not 2); a negative side means unbounded and becomes -1, and a side past int32 becomes
     INT32_MAX (as unbounded as any seqlen allows), so the values always fit the kernels."""
+    if type(window_size) in (tuple, list) and len(window_size) == 2:
+        left, right = window_size
+        if type(left) is int and type(right) is int:
+            return (-1 if left < 0 else min(left, INT32_MAX),
+                    -1 if right < 0 else min(right, INT32_MAX))
     if isinstance(window_size, torch.Tensor):
         if window_size.numel() != 2:
             raise FlashAttnValueError(
@@ -349,9 +359,12 @@ def strict_checks_enabled():
     return _strict
 
 
-def _is_compiling():
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+if hasattr(getattr(torch, "compiler", None), "is_compiling"):
+    _is_compiling = torch.compiler.is_compiling
+else:  # older torch: no torch.compile support here
+
+    def _is_compiling():
+        return False
 
 
 def _capturing(device):
@@ -376,17 +389,23 @@ def value_checks_apply(*tensors):
     """Whether the values of these index tensors are checked now (see set_strict_checks):
     always on the CPU, never on meta tensors or inside trusted_values, on CUDA only with strict
     checks on and outside graph capture and torch.compile tracing."""
-    if _is_compiling():
+    if _is_compiling() or getattr(_local, "trusted", 0):
         return False
-    tensors = [t for t in tensors if t is not None]
-    if not tensors or getattr(_local, "trusted", 0):
+    first = None
+    for t in tensors:
+        if t is not None:
+            if first is None:
+                first = t
+            elif t.device.type != first.device.type:
+                return False
+    if first is None:
         return False
-    kinds = {t.device.type for t in tensors}
-    if kinds == {"cpu"}:
+    kind = first.device.type
+    if kind == "cpu":
         return True
-    if kinds != {"cuda"} or not _strict:
+    if kind != "cuda" or not _strict:
         return False
-    return not _capturing(tensors[0].device)
+    return not _capturing(first.device)
 
 
 def tensor_version(t):

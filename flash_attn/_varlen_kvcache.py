@@ -689,7 +689,9 @@ def flash_attn_varlen_func(
         q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or with block_table
             (num_blocks, page_block_size, nheads_k, headdim), page_block_size a multiple of 16.
         cu_seqlens_q, cu_seqlens_k: (batch_size + 1,) int32 cumulative lengths.
-        max_seqlen_q, max_seqlen_k: Python ints, the longest query / key sequence.
+        max_seqlen_q, max_seqlen_k: ints (or 0-d integer tensors), at least the longest query /
+            key sequence. cu_seqlens must start at 0, be non-decreasing and end at most at
+            total_q / total_k (checked, see flash_attn.set_strict_checks).
         causal: bottom-right aligned within each sequence: query i of a sequence sees key j iff
             j <= i + seqlen_k - seqlen_q (that sequence's lengths).
         window_size: (left, right): query i sees keys [i + seqlen_k - seqlen_q - left,
@@ -1084,7 +1086,9 @@ def flash_attn_with_kvcache(
         cache_batch_idx: (batch_size,) int32: the cache entry of each sequence (default arange).
         cache_leftpad: (batch_size,) int32: the cache of sequence b starts at row cache_leftpad[b].
         block_table: (batch_size, max_num_blocks_per_seq) int32 page indices (paged KV).
-        causal, window_size: as flash_attn_func, aligned to the bottom-right of the cache.
+        causal, window_size, softmax_scale: as flash_attn_func (window_size also as a list or a
+            2-element tensor; softmax_scale any finite value), aligned to the bottom-right of the
+            cache.
         rotary_interleaved: GPT-J style pairs (0, 1), (2, 3)... if True, else GPT-NeoX halves.
         num_splits: split the keys into this many chunks (more CTAs for long caches);
             0 = heuristic, 1 = no split.
@@ -1095,6 +1099,12 @@ def flash_attn_with_kvcache(
             cache_leftpad on).
     Return:
         out (batch_size, seqlen, nheads, headdim) [, softmax_lse].
+
+    Every argument is checked before anything is written, so a rejected call leaves the caches
+    unchanged: cache_seqlens (+ seqlen_new) within the cache and >= 0, cache_batch_idx in
+    [0, k_cache.shape[0]), cache_leftpad in [0, cache_seqlens], the block_table entries each
+    sequence uses in [0, num_blocks), num_splits in int32 (see flash_attn.set_strict_checks for
+    what checking tensor values costs).
     """
     (cache_seqlens, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
      num_splits, return_softmax_lse) = _check_kvcache_inputs(

@@ -613,11 +613,13 @@ _MASK_DOC = """
 _COMMON_ARGS_DOC = """
         dropout_p: float in [0, 1). Dropout probability; use 0.0 for evaluation. The mask
             comes from PyTorch's CUDA generator (Philox), so torch.manual_seed reproduces it.
-        softmax_scale: float. The scaling of QK^T before the softmax.
+        softmax_scale: float. The scaling of QK^T before the softmax: any finite value,
+            0 (uniform attention over the visible keys) and negative ones included.
             Defaults to 1 / sqrt(headdim).
         causal: bool. Whether to apply the causal (auto-regressive) mask.
-        window_size: (left, right), or a 2-element tensor. If not (-1, -1), implements
-            sliding-window local attention (see above); -1 is an unbounded side.
+        window_size: (left, right) ints, as a tuple, a list or a 2-element integer tensor.
+            If not (-1, -1), implements sliding-window local attention (see above); a
+            negative side is unbounded.
         softcap: float. A value > 0 turns on softcapping of the scores:
             softcap * tanh(QK^T * softmax_scale / softcap). 0.0 means off. Not with dropout.
         alibi_slopes: (nheads,) or (batch_size, nheads), fp32. ALiBi bias
