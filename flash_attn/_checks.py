@@ -516,12 +516,25 @@ def check_varlen_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen
 
 
 def check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, batch_cache, cache_batch_idx,
-                         cache_leftpad, block_table=None, page_block_size=0, num_blocks=0):
+                         cache_leftpad, block_table=None, page_block_size=0, num_blocks=0,
+                         lengths_hint=None):
     """The values of the KV-cache index tensors (see set_strict_checks).  cache_seqlens: (b,)
     int32 or None (the whole cache; zeros with new k/v); seqlen_new: k.shape[1] (0 without new
-    k/v); seqlen_cache: the rows a sequence can hold; batch_cache: k_cache.shape[0]."""
+    k/v); seqlen_cache: the rows a sequence can hold; batch_cache: k_cache.shape[0];
+    lengths_hint: cache_seqlens as the int it was made from (then pass cache_seqlens=None)."""
     if not value_checks_apply(cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
         return
+
+    def lengths():  # the rows each sequence has after the append, on block_table's device
+        if cache_seqlens is not None:
+            return cache_seqlens.to(torch.int64) + seqlen_new
+        if lengths_hint is not None:
+            full = lengths_hint + seqlen_new
+        else:
+            full = seqlen_new if seqlen_new > 0 else seqlen_cache
+        return torch.full((block_table.shape[0],), full, dtype=torch.int64,
+                          device=block_table.device)
+
     names, parts = [], []
     for t, name in ((cache_seqlens, "cache_seqlens"), (cache_batch_idx, "cache_batch_idx"),
                     (cache_leftpad, "cache_leftpad")):
@@ -529,14 +542,8 @@ def check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, batch_cache, c
             names.append(name)
             parts.append(t)
     if block_table is not None:
-        if cache_seqlens is not None:
-            lengths = cache_seqlens.to(torch.int64) + seqlen_new
-        else:
-            full = seqlen_new if seqlen_new > 0 else seqlen_cache
-            lengths = torch.full((block_table.shape[0],), full, dtype=torch.int64,
-                                 device=block_table.device)
         names.append("block_table")
-        parts.append(_used_pages_bad_rows(block_table, lengths, page_block_size, num_blocks))
+        parts.append(_used_pages_bad_rows(block_table, lengths(), page_block_size, num_blocks))
     host = dict(zip(names, _to_host(parts)))
     new_s = f" + seqlen_new ({seqlen_new}, k.shape[1])" if seqlen_new else ""
     where = (f"block_table.shape[1] * page_block_size = {seqlen_cache}" if block_table is not None
@@ -585,11 +592,5 @@ def check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, batch_cache, c
     if rows is not None:
         bad = rows != 0
         if bool(bad.any()):
-            if cache_seqlens is not None:
-                lengths = cache_seqlens.to(torch.int64) + seqlen_new
-            else:
-                full = seqlen_new if seqlen_new > 0 else seqlen_cache
-                lengths = torch.full((block_table.shape[0],), full, dtype=torch.int64,
-                                     device=block_table.device)
-            _block_table_error(block_table, lengths, page_block_size, num_blocks, _first(bad),
+            _block_table_error(block_table, lengths(), page_block_size, num_blocks, _first(bad),
                                "cache length after the append" if seqlen_new else "cache length")

@@ -1011,13 +1011,18 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
     if seqlens_int is not None:
         cache_seqlens = torch.full((b,), seqlens_int, dtype=torch.int32, device=q.device)
     # The values, last: cache_seqlens made from an int is known to be in range already.
-    _checks.check_kvcache_values(
-        cache_seqlens if seqlens_int is None else None, seqlen_new, seqlen_cache,
-        k_cache.shape[0], cache_batch_idx, cache_leftpad, block_table, k_cache.shape[1],
-        k_cache.shape[0])
-    if seqlens_int is not None and cache_leftpad is not None:
+    if seqlens_int is None:
         _checks.check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, k_cache.shape[0],
-                                     None, cache_leftpad)
+                                     cache_batch_idx, cache_leftpad, block_table,
+                                     k_cache.shape[1], k_cache.shape[0])
+    else:
+        # cache_seqlens made from an int is in range already: the other index tensors only.
+        _checks.check_kvcache_values(None, seqlen_new, seqlen_cache, k_cache.shape[0],
+                                     cache_batch_idx, None, block_table, k_cache.shape[1],
+                                     k_cache.shape[0], lengths_hint=seqlens_int)
+        if cache_leftpad is not None:
+            _checks.check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache,
+                                         k_cache.shape[0], None, cache_leftpad)
     return (cache_seqlens, block_table, softmax_scale, causal, window, softcap,
             rotary_interleaved, num_splits, return_softmax_lse)
 

@@ -825,6 +825,19 @@ def test_kvcache_bad_values_change_nothing(cpu_ext, kw, msg):
         assert out.shape == q.shape and cpu_ext.calls
 
 
+def test_kvcache_int_cache_seqlens_with_leftpad_and_pages(cpu_ext):
+    """An int cache_seqlens is checked on the host; cache_leftpad and block_table against it."""
+    q, kc, vc, kn, bt = _kv_setup()
+    flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=4, cache_leftpad=_i32(0, 4))
+    with pytest.raises(ValueError, match=r"cache_leftpad\[1\] = 5 must be in \[0, cache_seqlens\[1\] = 4\]"):
+        flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=4, cache_leftpad=_i32(0, 5))
+    q, kc, vc, kn, bt = _kv_setup(page=16)
+    bad = _i32(0, 3, 5, 7).view(2, 2)  # second pages out of range, used only past row 16
+    flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=10, block_table=bad)
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] = 7"):
+        flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=16, block_table=bad)
+
+
 def test_kvcache_block_table_strided_column():
     """A (batch, 1) block_table view with another last stride is fine (copied), as C++ needs a
     unit stride; a wider non-contiguous one is rejected before anything is written."""
