@@ -421,7 +421,8 @@ def _to_host(parts):
     if parts[0].device.type == "cpu":
         return [p.reshape(-1).to(torch.int64) for p in parts]
     sizes = [p.numel() for p in parts]
-    flat = torch.cat([p.reshape(-1).to(torch.int32) for p in parts]).cpu().to(torch.int64)
+    flat = parts[0].reshape(-1) if len(parts) == 1 else torch.cat([p.reshape(-1) for p in parts])
+    flat = flat.cpu().to(torch.int64)
     return list(torch.split(flat, sizes))
 
 
