@@ -8,6 +8,8 @@ from flash_attn.flash_attn_interface import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
+    set_strict_checks,
+    strict_checks_enabled,
 )
 
 __all__ = [
@@ -19,4 +21,6 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "set_strict_checks",
+    "strict_checks_enabled",
 ]

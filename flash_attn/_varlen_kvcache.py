@@ -12,30 +12,40 @@
        prefill kernels for long query blocks)
 
 Re-exported by flash_attn.flash_attn_interface, where upstream defines them.  Every argument is
-validated here from metadata only (no device sync), with errors naming the argument.
+validated here, with errors naming the argument: shapes, dtypes and devices from metadata; the
+scalar arguments and the values of the index tensors (cu_seqlens, cache_seqlens, ...) by
+flash_attn._checks, shared with the dense path (see flash_attn.set_strict_checks for when the
+values are looked at and what that costs).
 """
 
-import operator
 from typing import Optional, Tuple, Union
 
 import torch
 
-from flash_attn import flash_attn_interface as _fi
-from flash_attn.flash_attn_interface import (
+from flash_attn import _checks
+from flash_attn._checks import (
     FlashAttnTypeError,
     FlashAttnValueError,
+    check_alibi as _check_alibi,
+    check_dropout_softcap as _check_dropout_softcap,
+    check_return_softmax as _check_return_softmax,
+    fmt_shape as _fmt_shape,
+)
+from flash_attn._common import (
+    _ALLOWED_DEVICE_TYPES,
+    _HAS_CUSTOM_OP,
+    _MAX_HEADDIM,
+    _SUPPORTED_DTYPES,
     _default_softmax_scale,
     _ext_for,
-    _fmt_shape,
-    _HAS_CUSTOM_OP,
     _is_compiling,
-    _MAX_HEADDIM,
     _pad_to_multiple_of_8,
-    _SUPPORTED_DTYPES,
-    _ALLOWED_DEVICE_TYPES,
     _torch_custom_op_wrapper,
     _torch_register_fake_wrapper,
+    fix_dq as _fix_dq,
+    kernel_q_and_scale as _kernel_q_and_scale,
     maybe_contiguous,
+    round_multiple,
 )
 
 __all__ = [
@@ -57,43 +67,16 @@ PAGE_BLOCK_MULTIPLE = 16
 # ---------------------------------------------------------------------------------------
 
 
-def _check_dropout_softcap(dropout_p, softcap):
-    """dropout_p range and softcap with dropout, with the dense path's errors (as upstream)."""
-    if not (0.0 <= dropout_p < 1.0):
-        raise FlashAttnValueError(
-            f"flash_attn: dropout_p must be in [0, 1), got dropout_p={dropout_p}"
-        )
-    if softcap > 0.0 and dropout_p > 0.0:
-        # Upstream: "Softcapping does not support dropout for now".
-        raise FlashAttnValueError(
-            f"flash_attn: softcap > 0 (softcap={softcap}) does not support dropout "
-            f"(dropout_p={dropout_p}); softcapping does not support dropout for now, as upstream"
-        )
-
-
 def _check_varlen_features(dropout_p, softcap, alibi_slopes, batch_size, nheads, device,
                            paged=False):
     """The feature arguments of the varlen functions, checked as the dense path checks them."""
     _check_dropout_softcap(dropout_p, softcap)
-    _fi._check_alibi(alibi_slopes, batch_size, nheads, device)
+    _check_alibi(alibi_slopes, batch_size, nheads, device)
     if paged and dropout_p > 0.0:
         raise NotImplementedError(
             f"flash_attn: dropout (dropout_p={dropout_p}) is not implemented with block_table "
             "(paged KV) in this build; use dropout_p=0.0"
         )
-
-
-def _check_window(window_size):
-    if isinstance(window_size, (str, bytes)) or len(window_size) != 2:
-        raise FlashAttnValueError(
-            f"flash_attn: window_size must be a pair (left, right), got {window_size!r}"
-        )
-    for w in window_size:
-        if not isinstance(w, int) or isinstance(w, bool):
-            if not (isinstance(w, torch.SymInt)):
-                raise FlashAttnTypeError(
-                    f"flash_attn: window_size must hold two ints, got {window_size!r}"
-                )
 
 
 def _check_tensor(x, name, dims, shape_doc):
@@ -145,32 +128,19 @@ def _check_same(x, ref, name, ref_name):
         )
 
 
-def _as_int(x, name):
-    """An int from an int-like max_seqlen (int, SymInt, numpy integer, integer 0-d tensor)."""
-    if isinstance(x, bool):
-        raise FlashAttnTypeError(f"flash_attn: {name} must be a Python int, got bool")
-    if isinstance(x, (int, torch.SymInt)):
-        return x
-    try:
-        return operator.index(x)
-    except TypeError:
-        raise FlashAttnTypeError(
-            f"flash_attn: {name} must be a Python int, got {type(x).__name__}"
-        ) from None
-
-
-def _check_seqlen_int(x, name):
-    x = _as_int(x, name)
-    if isinstance(x, int) and x < 0:
-        raise FlashAttnValueError(f"flash_attn: {name} must be >= 0, got {x}")
-
-
 def _check_block_table(block_table, batch_size, k, device, kname="k"):
+    """Check block_table's metadata; returns it with a unit last stride (what the kernels read:
+    a (batch_size, 1) view with another stride is copied, a wider one is rejected)."""
     _check_int_tensor(block_table, "block_table", (batch_size, block_table.shape[-1])
                       if isinstance(block_table, torch.Tensor) and block_table.dim() == 2
                       else (batch_size, -1), device, "(batch_size, max_num_blocks_per_seq)")
-    if block_table.stride(-1) != 1 and block_table.shape[-1] > 1:
-        raise FlashAttnValueError("flash_attn: block_table must have a contiguous last dimension")
+    if block_table.stride(-1) != 1:
+        if block_table.shape[-1] > 1:
+            raise FlashAttnValueError(
+                "flash_attn: block_table must have a contiguous last dimension "
+                f"(block_table.stride(-1) == 1), got strides {tuple(block_table.stride())}"
+            )
+        block_table = block_table.clone(memory_format=torch.contiguous_format)
     page = k.shape[1]
     if page % PAGE_BLOCK_MULTIPLE != 0 or page == 0:
         raise FlashAttnValueError(
@@ -178,12 +148,19 @@ def _check_block_table(block_table, batch_size, k, device, kname="k"):
             f"nheads_k, headdim) with page_block_size a multiple of {PAGE_BLOCK_MULTIPLE}, got "
             f"page_block_size={page} ({kname} shape {_fmt_shape(k)})"
         )
+    return block_table
 
 
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          dropout_p, window_size, softcap, alibi_slopes, deterministic,
-                         block_table=None, names=("q", "k", "v")):
-    """Validate flash_attn_varlen_* arguments (q, k, v already unpacked)."""
+                         block_table=None, names=("q", "k", "v"), softmax_scale=None,
+                         causal=False, return_attn_probs=False,
+                         max_names=("max_seqlen_q", "max_seqlen_k")):
+    """Validate flash_attn_varlen_* arguments (q, k, v already unpacked, from metadata; the
+    values of cu_seqlens are checked by the op, see _flash_attn_varlen_forward).
+
+    Returns the normalised arguments: (max_seqlen_q, max_seqlen_k, block_table, dropout_p,
+    softmax_scale or None, causal, (left, right), softcap, deterministic, return_attn_probs)."""
     qn, kn, vn = names
     _check_tensor(q, qn, 3, "(total_q, nheads, headdim)")
     paged = block_table is not None
@@ -224,13 +201,30 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_int_tensor(cu_seqlens_q, "cu_seqlens_q", (batch_size + 1,), q.device)
     _check_int_tensor(cu_seqlens_k, "cu_seqlens_k", (batch_size + 1,), q.device,
                       f"({batch_size + 1},) like cu_seqlens_q")
-    _check_seqlen_int(max_seqlen_q, "max_seqlen_q")
-    _check_seqlen_int(max_seqlen_k, "max_seqlen_k")
+    max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, max_names[0])
+    max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, max_names[1])
     if paged:
-        _check_block_table(block_table, batch_size, k, q.device, kn)
-    _check_window(window_size)
-    _check_varlen_features(dropout_p, softcap, alibi_slopes, batch_size, nheads, q.device, paged)
-    return batch_size
+        block_table = _check_block_table(block_table, batch_size, k, q.device, kn)
+    args = _checks.common_args(dropout_p, softmax_scale, causal, window_size, softcap,
+                               deterministic, return_attn_probs)
+    _check_varlen_features(args[0], args[4], alibi_slopes, batch_size, nheads, q.device, paged)
+    return (max_seqlen_q, max_seqlen_k, block_table) + args
+
+
+def _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            block_table=None):
+    """The checks the varlen ops run before the kernels: max_seqlen in range (before C++
+    narrows it) and the values of cu_seqlens / block_table (flash_attn._checks; a host sync on
+    CUDA unless strict checks are off, see set_strict_checks)."""
+    max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
+    if block_table is None:
+        _checks.check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                                    max_seqlen_q, max_seqlen_k)
+    else:
+        _checks.check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], None, max_seqlen_q,
+                                    max_seqlen_k, block_table, k.shape[1], k.shape[0])
+    return max_seqlen_q, max_seqlen_k
 
 
 def _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q, has_alibi=False):
@@ -271,14 +265,19 @@ def _flash_attn_varlen_forward(
     zero_tensors: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_dropout_softcap(dropout_p, softcap)
-    _fi._check_return_softmax(return_softmax, dropout_p)
-    _fi._check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+    _check_return_softmax(return_softmax, dropout_p)
+    _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+    max_seqlen_q, max_seqlen_k = _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k,
+                                                         max_seqlen_q, max_seqlen_k, block_table)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
+    ext = _ext_for(q)
+    # The kernels need softmax_scale > 0: 0 and negative scales run on a transformed q.
+    q, softmax_scale, _ = _kernel_q_and_scale(q, softmax_scale)
     # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout. S_dmask
     # (return_softmax): (batch, nheads, round128(max_seqlen_q), round128(max_seqlen_k)).
-    out, softmax_lse, S_dmask, rng_state = _ext_for(q).varlen_fwd(
+    out, softmax_lse, S_dmask, rng_state = ext.varlen_fwd(
         q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr, softcap,
         alibi_slopes, dropout_p, return_softmax,
@@ -309,14 +308,16 @@ def _flash_attn_varlen_forward_fake(
     zero_tensors: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_dropout_softcap(dropout_p, softcap)
-    _fi._check_return_softmax(return_softmax, dropout_p)
+    _check_return_softmax(return_softmax, dropout_p)
+    max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     softmax_lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
     if return_softmax:
-        S_dmask = torch.empty((batch_size, num_heads, _fi.round_multiple(max_seqlen_q, 128),
-                               _fi.round_multiple(max_seqlen_k, 128)), dtype=q.dtype,
+        S_dmask = torch.empty((batch_size, num_heads, round_multiple(max_seqlen_q, 128),
+                               round_multiple(max_seqlen_k, 128)), dtype=q.dtype,
                               device=q.device)
     else:
         S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
@@ -352,20 +353,26 @@ def _flash_attn_varlen_backward(
     zero_tensors: bool = False,
 ) -> torch.Tensor:
     _check_dropout_softcap(dropout_p, softcap)
-    _fi._check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+    _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
     if dropout_p > 0.0 and rng_state is None:
         raise FlashAttnValueError(
             "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
         )
+    max_seqlen_q, max_seqlen_k = _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k,
+                                                         max_seqlen_q, max_seqlen_k)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
-    _, _, _, softmax_d = _ext_for(q).varlen_bwd(
+    ext = _ext_for(q)
+    # As the forward: the kernel differentiates w.r.t. q', and dq follows from dq' (fix_dq).
+    q, softmax_scale, sign = _kernel_q_and_scale(q, softmax_scale)
+    _, _, _, softmax_d = ext.varlen_bwd(
         dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, deterministic, wl, wr,
         softcap, alibi_slopes, dropout_p, rng_state if dropout_p > 0.0 else None,
     )
+    _fix_dq(dq, sign)
     return softmax_d
 
 
@@ -396,6 +403,8 @@ def _flash_attn_varlen_backward_fake(
     zero_tensors: bool = False,
 ) -> torch.Tensor:
     _check_dropout_softcap(dropout_p, softcap)
+    _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
     return torch.empty((num_heads, total_q + 128 * batch_size), dtype=torch.float32,
@@ -421,6 +430,8 @@ def _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     head_size_og = q.shape[-1]
     softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
     q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+    # Whether the op checks the values of cu_seqlens now: then the backward need not again.
+    values_checked = is_grad and _checks.value_checks_apply(cu_seqlens_q, cu_seqlens_k)
     out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_varlen_forward(
         q,
         k,
@@ -452,6 +463,9 @@ def _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         ctx.alibi_slopes = alibi_slopes
         ctx.deterministic = deterministic
         ctx.paged = block_table is not None
+        ctx.checked_versions = ((_checks.tensor_version(cu_seqlens_q),
+                                 _checks.tensor_version(cu_seqlens_k)) if values_checked
+                                else None)
     out = out_padded[..., :head_size_og]
     return out if not return_softmax else (out, softmax_lse, S_dmask)
 
@@ -463,6 +477,21 @@ def _varlen_backward(ctx, dout, dq, dk, dv):
             "is not implemented (upstream has none either)"
         )
     q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, rng_state = ctx.saved_tensors
+    checked = ctx.checked_versions
+    if checked is not None and None not in checked and checked == (
+            _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k)):
+        # The forward checked these cu_seqlens and they have not been modified since (autograd
+        # also refuses saved tensors modified in place).
+        with _checks.trusted_values():
+            _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse,
+                                    cu_seqlens_q, cu_seqlens_k, rng_state)
+    else:
+        _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse, cu_seqlens_q,
+                                cu_seqlens_k, rng_state)
+
+
+def _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse, cu_seqlens_q,
+                            cu_seqlens_k, rng_state):
     _wrapped_flash_attn_varlen_backward(
         _pad_to_multiple_of_8(dout, dout.shape[-1]),
         q,
@@ -501,10 +530,12 @@ class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
                 f"{_fmt_shape(qkv)}"
             )
         q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
-        max_seqlen = _as_int(max_seqlen, "max_seqlen")
-        _check_varlen_inputs(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
-                             window_size, softcap, alibi_slopes, deterministic,
-                             names=("qkv", "qkv", "qkv"))
+        (max_seqlen, _, _, dropout_p, softmax_scale, causal, window_size, softcap,
+         deterministic, return_softmax) = _check_varlen_inputs(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, window_size,
+            softcap, alibi_slopes, deterministic, names=("qkv", "qkv", "qkv"),
+            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax,
+            max_names=("max_seqlen", "max_seqlen"))
         is_grad = is_grad_enabled and qkv.requires_grad
         return _varlen_forward(ctx, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                dropout_p, softmax_scale, causal, window_size, softcap,
@@ -532,10 +563,11 @@ class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
                 f"{_fmt_shape(kv)}"
             )
         k, v = kv[:, 0].detach(), kv[:, 1].detach()
-        max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q, "max_seqlen_q"), _as_int(max_seqlen_k, "max_seqlen_k")
-        _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             dropout_p, window_size, softcap, alibi_slopes, deterministic,
-                             names=("q", "kv", "kv"))
+        (max_seqlen_q, max_seqlen_k, _, dropout_p, softmax_scale, causal, window_size, softcap,
+         deterministic, return_softmax) = _check_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            window_size, softcap, alibi_slopes, deterministic, names=("q", "kv", "kv"),
+            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax)
         is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
         return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
@@ -556,10 +588,11 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, block_table, is_grad_enabled):
-        max_seqlen_q, max_seqlen_k = _as_int(max_seqlen_q, "max_seqlen_q"), _as_int(max_seqlen_k, "max_seqlen_k")
-        _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             dropout_p, window_size, softcap, alibi_slopes, deterministic,
-                             block_table=block_table)
+        (max_seqlen_q, max_seqlen_k, block_table, dropout_p, softmax_scale, causal, window_size,
+         softcap, deterministic, return_softmax) = _check_varlen_inputs(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            window_size, softcap, alibi_slopes, deterministic, block_table=block_table,
+            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax)
         is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
         return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
@@ -656,7 +689,9 @@ def flash_attn_varlen_func(
         q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or with block_table
             (num_blocks, page_block_size, nheads_k, headdim), page_block_size a multiple of 16.
         cu_seqlens_q, cu_seqlens_k: (batch_size + 1,) int32 cumulative lengths.
-        max_seqlen_q, max_seqlen_k: Python ints, the longest query / key sequence.
+        max_seqlen_q, max_seqlen_k: ints (or 0-d integer tensors), at least the longest query /
+            key sequence. cu_seqlens must start at 0, be non-decreasing and end at most at
+            total_q / total_k (checked, see flash_attn.set_strict_checks).
         causal: bottom-right aligned within each sequence: query i of a sequence sees key j iff
             j <= i + seqlen_k - seqlen_q (that sequence's lengths).
         window_size: (left, right): query i sees keys [i + seqlen_k - seqlen_q - left,
@@ -738,6 +773,9 @@ def _kvcache_impl(
     alibi_slopes: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     b, seqlen_q = q.shape[0], q.shape[1]
+    # Everything that can fail runs before the append below (a rejected call changes nothing):
+    # flash_attn_with_kvcache has checked the arguments, this checks the build has the kernels.
+    ext = _ext_for(q)
     local = causal or window_size_left >= 0 or window_size_right >= 0
     seqused = cache_seqlens
     if k is not None:
@@ -762,10 +800,11 @@ def _kvcache_impl(
     kc, vc = k_cache, v_cache
     if head_size_og % 8 != 0:  # the kernel reads 16-byte chunks: attend on padded copies
         q, kc, vc = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, kc, vc)]
-    out, softmax_lse = _ext_for(q).fwd_kvcache(
-        maybe_contiguous(q), kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table,
-        softmax_scale, causal, window_size_left, window_size_right, num_splits, softcap,
-        alibi_slopes,
+    # The kernels need softmax_scale > 0: 0 and negative scales run on a transformed q.
+    q, softmax_scale, _ = _kernel_q_and_scale(maybe_contiguous(q), softmax_scale)
+    out, softmax_lse = ext.fwd_kvcache(
+        q, kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table, softmax_scale, causal,
+        window_size_left, window_size_right, num_splits, softcap, alibi_slopes,
     )
     if out.shape[-1] != head_size_og:
         out = out[..., :head_size_og].contiguous()
@@ -838,7 +877,13 @@ else:
 
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                           cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
-                          alibi_slopes, num_splits):
+                          alibi_slopes, num_splits, softmax_scale=None, causal=False,
+                          rotary_interleaved=True, return_softmax_lse=False):
+    """Validate flash_attn_with_kvcache's arguments, all before anything is written: metadata,
+    the scalar arguments, and the values of the index tensors (flash_attn._checks; see
+    set_strict_checks).  Returns the normalised arguments: (cache_seqlens (an int becomes a
+    (batch_size,) int32 tensor), block_table, softmax_scale or None, causal, (left, right),
+    softcap, rotary_interleaved, num_splits, return_softmax_lse)."""
     _check_tensor(q, "q", 4, "(batch_size, seqlen, nheads, headdim)")
     paged = block_table is not None
     cache_doc = ("(num_blocks, page_block_size, nheads_k, headdim)" if paged
@@ -872,7 +917,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
             f"heads in k_cache (nheads_k={nheads_k})"
         )
     if paged:
-        _check_block_table(block_table, b, k_cache, q.device, "k_cache")
+        block_table = _check_block_table(block_table, b, k_cache, q.device, "k_cache")
         if cache_batch_idx is not None:
             raise FlashAttnValueError(
                 "flash_attn: cache_batch_idx cannot be combined with block_table (paged KV): the "
@@ -929,16 +974,79 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
                 f"flash_attn: rotary_cos has {rotary_cos.shape[0]} rows but the cache has "
                 f"{seqlen_cache}; seqlen_ro must cover every cache position"
             )
-    if cache_seqlens is not None and not isinstance(cache_seqlens, int):
+    seqlen_new = k.shape[1] if k is not None else 0
+    seqlens_int = None
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        # An int (as upstream: the same for every sequence); checked here, on the host.
+        try:
+            seqlens_int = _checks.as_int(cache_seqlens, "cache_seqlens", 0,
+                                         seqlen_cache - seqlen_new)
+        except FlashAttnTypeError:
+            raise FlashAttnTypeError(
+                "flash_attn: cache_seqlens must be an int or a (batch_size,) int32 tensor, got "
+                f"{type(cache_seqlens).__name__}"
+            ) from None
+        except FlashAttnValueError:
+            new_s = f" + seqlen_new (k.shape[1] = {seqlen_new})" if seqlen_new else ""
+            raise FlashAttnValueError(
+                f"flash_attn: cache_seqlens = {cache_seqlens} out of range: 0 <= "
+                f"cache_seqlens{new_s} <= {seqlen_cache} (the cache's rows) must hold"
+            ) from None
+    elif cache_seqlens is not None:
         _check_int_tensor(cache_seqlens, "cache_seqlens", (b,), q.device, f"({b},)")
     if cache_batch_idx is not None:
         _check_int_tensor(cache_batch_idx, "cache_batch_idx", (b,), q.device, f"({b},)")
     if cache_leftpad is not None:
         _check_int_tensor(cache_leftpad, "cache_leftpad", (b,), q.device, f"({b},)")
-    _check_window(window_size)
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise FlashAttnValueError(f"flash_attn: num_splits must be an int >= 0, got {num_splits!r}")
-    _fi._check_alibi(alibi_slopes, b, nheads, q.device)
+    softmax_scale = _checks.softmax_scale_arg(softmax_scale)
+    causal = _checks.as_bool(causal, "causal")
+    window = _checks.window_pair(window_size)
+    softcap = _checks.softcap_arg(softcap)
+    rotary_interleaved = _checks.as_bool(rotary_interleaved, "rotary_interleaved")
+    num_splits = _checks.num_splits_arg(num_splits)
+    return_softmax_lse = _checks.as_bool(return_softmax_lse, "return_softmax_lse")
+    _check_alibi(alibi_slopes, b, nheads, q.device)
+    _check_cache_layout(k_cache, "k_cache")
+    _check_cache_layout(v_cache, "v_cache")
+    if seqlens_int is not None:
+        cache_seqlens = torch.full((b,), seqlens_int, dtype=torch.int32, device=q.device)
+    # The values, last: cache_seqlens made from an int is known to be in range already.
+    if seqlens_int is None:
+        _checks.check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, k_cache.shape[0],
+                                     cache_batch_idx, cache_leftpad, block_table,
+                                     k_cache.shape[1], k_cache.shape[0])
+    else:
+        # cache_seqlens made from an int is in range already: the other index tensors only.
+        _checks.check_kvcache_values(None, seqlen_new, seqlen_cache, k_cache.shape[0],
+                                     cache_batch_idx, None, block_table, k_cache.shape[1],
+                                     k_cache.shape[0], lengths_hint=seqlens_int)
+        if cache_leftpad is not None:
+            _checks.check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache,
+                                         k_cache.shape[0], None, cache_leftpad)
+    return (cache_seqlens, block_table, softmax_scale, causal, window, softcap,
+            rotary_interleaved, num_splits, return_softmax_lse)
+
+
+def _check_cache_layout(cache, name):
+    """The caches are updated in place, so the kernels read them as they are: 16-byte aligned
+    rows (every stride of a dimension longer than 1 a multiple of 8 elements, and the base
+    16-byte aligned).  Checked here, before the append, rather than only in C++ after it.  A
+    head dim that is not a multiple of 8 attends on padded copies (_kvcache_impl): any layout."""
+    if cache.shape[-1] % 8 != 0:
+        return
+    for dim in range(cache.dim() - 1):
+        if cache.shape[dim] > 1 and cache.stride(dim) % 8 != 0:
+            raise FlashAttnValueError(
+                f"flash_attn: {name} needs 16-byte aligned rows (every stride a multiple of 8 "
+                f"elements), got strides {tuple(cache.stride())}; it is updated in place, so it "
+                "is not copied: pass a contiguous cache"
+            )
+    if cache.device.type in ("cuda", "cpu") and not _is_compiling() \
+            and cache.numel() > 0 and cache.data_ptr() % 16 != 0:
+        raise FlashAttnValueError(
+            f"flash_attn: {name} must start at a 16-byte aligned address; it is updated in place, "
+            "so it is not copied: pass a cache that does not start mid-row"
+        )
 
 
 def flash_attn_with_kvcache(
@@ -983,7 +1091,9 @@ def flash_attn_with_kvcache(
         cache_batch_idx: (batch_size,) int32: the cache entry of each sequence (default arange).
         cache_leftpad: (batch_size,) int32: the cache of sequence b starts at row cache_leftpad[b].
         block_table: (batch_size, max_num_blocks_per_seq) int32 page indices (paged KV).
-        causal, window_size: as flash_attn_func, aligned to the bottom-right of the cache.
+        causal, window_size, softmax_scale: as flash_attn_func (window_size also as a list or a
+            2-element tensor; softmax_scale any finite value), aligned to the bottom-right of the
+            cache.
         rotary_interleaved: GPT-J style pairs (0, 1), (2, 3)... if True, else GPT-NeoX halves.
         num_splits: split the keys into this many chunks (more CTAs for long caches);
             0 = heuristic, 1 = no split.
@@ -994,15 +1104,20 @@ def flash_attn_with_kvcache(
             cache_leftpad on).
     Return:
         out (batch_size, seqlen, nheads, headdim) [, softmax_lse].
+
+    Every argument is checked before anything is written, so a rejected call leaves the caches
+    unchanged: cache_seqlens (+ seqlen_new) within the cache and >= 0, cache_batch_idx in
+    [0, k_cache.shape[0]), cache_leftpad in [0, cache_seqlens], the block_table entries each
+    sequence uses in [0, num_blocks), num_splits in int32 (see flash_attn.set_strict_checks for
+    what checking tensor values costs).
     """
-    _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                          cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
-                          alibi_slopes, num_splits)
+    (cache_seqlens, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+     num_splits, return_softmax_lse) = _check_kvcache_inputs(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, block_table, window_size, softcap, alibi_slopes, num_splits,
+        softmax_scale, causal, rotary_interleaved, return_softmax_lse)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     softmax_scale = _default_softmax_scale(softmax_scale, q.shape[-1])
-    if cache_seqlens is not None and isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32,
-                                   device=q.device)
     # Eager calls go straight to the implementation: decode steps are tens of microseconds, and
     # the custom-op dispatch alone costs about as much. Under torch.compile the registered op is
     # traced instead (it declares the in-place cache update), and meta tensors get its fake.
@@ -1011,6 +1126,6 @@ def flash_attn_with_kvcache(
     out, softmax_lse = kvcache_fn(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
-        rotary_interleaved, num_splits, float(softcap), alibi_slopes,
+        rotary_interleaved, num_splits, softcap, alibi_slopes,
     )
     return (out, softmax_lse) if return_softmax_lse else out

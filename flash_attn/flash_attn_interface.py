@@ -13,12 +13,54 @@ against upstream runs unchanged, including dropout, sliding-window attention, so
 ALiBi and the deterministic backward (all computed in the kernels).
 """
 
-import importlib
 import os
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
+
+from flash_attn import _checks, _common
+from flash_attn._checks import (  # noqa: F401 (re-exported names)
+    FlashAttnTypeError,
+    FlashAttnValueError,
+    check_alibi as _check_alibi,
+    check_return_softmax as _check_return_softmax,
+    fmt_shape as _fmt_shape,
+    set_strict_checks,
+    strict_checks_enabled,
+    window_pair as _window_pair,
+)
+from flash_attn._common import (  # noqa: F401 (re-exported names)
+    _ALLOWED_DEVICE_TYPES,
+    _HAS_CUSTOM_OP,
+    _MAX_HEADDIM,
+    _SUPPORTED_DTYPES,
+    _default_softmax_scale,
+    _ext_for,
+    _get_ext,
+    _is_compiling,
+    _pad_to_multiple_of_8,
+    _torch_custom_op_wrapper,
+    _torch_register_fake_wrapper,
+    fix_dq as _fix_dq,
+    kernel_q_and_scale as _kernel_q_and_scale,
+    maybe_contiguous,
+    round_multiple,
+)
+# Variable-length batches and KV-cache inference live in flash_attn/_varlen_kvcache.py;
+# re-exported here, where upstream defines them.
+from flash_attn._varlen_kvcache import (  # noqa: F401 (re-exported names)
+    FlashAttnVarlenFunc,
+    FlashAttnVarlenKVPackedFunc,
+    FlashAttnVarlenQKVPackedFunc,
+    _flash_attn_varlen_backward,
+    _flash_attn_varlen_forward,
+    _wrapped_flash_attn_varlen_backward,
+    _wrapped_flash_attn_varlen_forward,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
+)
 
 __all__ = [
     "flash_attn_func",
@@ -29,82 +71,33 @@ __all__ = [
     "FlashAttnKVPackedFunc",
     "FlashAttnValueError",
     "FlashAttnTypeError",
+    "set_strict_checks",
+    "strict_checks_enabled",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+    "FlashAttnVarlenFunc",
+    "FlashAttnVarlenQKVPackedFunc",
+    "FlashAttnVarlenKVPackedFunc",
 ]
 
 
-# ---------------------------------------------------------------------------------------
-# The compiled extension, loaded on first use so that the package (and its input checks)
-# import and work without it, e.g. on a machine without a GPU or with a pure-Python install.
-# ---------------------------------------------------------------------------------------
-
-_C = None
-
-
-def _get_ext():
-    """Return the extension module ``flash_attn._C``, importing it on first use."""
-    global _C
-    if _C is None:
-        try:
-            _C = importlib.import_module("flash_attn._C")
-        except ImportError as e:
-            raise ImportError(
-                "flash_attn: the CUDA extension flash_attn._C could not be imported "
-                f"({type(e).__name__}: {e}). GPU calls need the compiled kernels: build and "
-                "install the package from source without FLASH_ATTN_SKIP_CUDA_BUILD=1 "
-                "(e.g. `pip install --no-build-isolation .`)."
-            ) from e
-    return _C
-
-
-_BUILT_CONFIGS = None
-
-
-def _ext_for(q):
-    """The extension, after checking that this build has kernels for q's dtype and head dim.
-
-    Checked here rather than in C++ so the error is a plain Python exception."""
-    global _BUILT_CONFIGS
-    ext = _get_ext()
-    if _BUILT_CONFIGS is None:
-        _BUILT_CONFIGS = {tuple(c) for c in ext.built_configs()}
-    d = q.shape[-1]
-    tile = int(ext.head_dim_tile(d))
-    name = "bf16" if q.dtype == torch.bfloat16 else "fp16"
-    if (name, tile) not in _BUILT_CONFIGS:
-        raise RuntimeError(
-            f"flash_attn: this build has no kernels for dtype {name} with head dim {d} "
-            f"(tile {tile}). Rebuild with FLASH_ATTN_HEAD_DIMS including {tile} and "
-            f"FLASH_ATTN_DTYPES including {name}."
-        )
-    return ext
+def __getattr__(name):
+    # The extension module and its built configs live in flash_attn._common (loaded on first
+    # use); read through here so flash_attn_interface._C shows the current state.
+    if name in ("_C", "_BUILT_CONFIGS"):
+        return getattr(_common, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------
 # Input validation: one function, used by every entry point.  It looks only at metadata
 # (type, rank, dtype, shape, strides, device), never at values, so it works on CPU, meta
-# and fake tensors and does not break torch.compile graphs.
+# and fake tensors and does not break torch.compile graphs.  The scalar arguments and the
+# index-tensor values are checked by flash_attn._checks, shared with the varlen and KV-cache
+# entry points.
 # ---------------------------------------------------------------------------------------
-
-
-class FlashAttnValueError(ValueError, RuntimeError):
-    """Bad shape, stride, device or argument value.
-
-    Subclasses RuntimeError too, since upstream's C++ checks raise RuntimeError."""
-
-
-class FlashAttnTypeError(TypeError, RuntimeError):
-    """Bad tensor type or dtype.  Subclasses RuntimeError too, like upstream's checks."""
-
-
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-# "meta" is accepted so that shape inference (meta device, fake tensors) works; the op's
-# fake implementation handles it.  Real computation needs CUDA.
-_ALLOWED_DEVICE_TYPES = ("cuda", "meta")
-_MAX_HEADDIM = 256
-
-
-def _fmt_shape(x):
-    return "(" + ", ".join(str(s) for s in x.shape) + ")"
 
 
 def _resolve_window(causal, window_size_left, window_size_right, seqlen_q, seqlen_k, has_alibi):
@@ -131,73 +124,19 @@ def _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seq
                            has_alibi)[0]
 
 
-def _window_pair(window_size):
-    """window_size as a pair of Python ints: a 2-sequence or a 2-element tensor (as upstream
-    accepts)."""
-    if isinstance(window_size, torch.Tensor):
-        if window_size.numel() != 2:
-            raise FlashAttnValueError(
-                "flash_attn: window_size must be a pair (left, right), got a tensor of shape "
-                f"{_fmt_shape(window_size)}"
-            )
-        left, right = window_size.flatten().tolist()
-        return int(left), int(right)
-    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__") \
-            or len(window_size) != 2:
-        raise FlashAttnValueError(
-            f"flash_attn: window_size must be a pair (left, right), got {window_size!r}"
-        )
-    return int(window_size[0]), int(window_size[1])
-
-
-def _check_alibi(alibi_slopes, batch_size, nheads, device):
-    if alibi_slopes is None:
-        return
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise FlashAttnTypeError(
-            f"flash_attn: alibi_slopes must be a torch.Tensor or None, got "
-            f"{type(alibi_slopes).__name__}"
-        )
-    if alibi_slopes.dtype != torch.float32:
-        raise FlashAttnTypeError(
-            f"flash_attn: alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}"
-        )
-    if tuple(alibi_slopes.shape) not in ((nheads,), (batch_size, nheads)):
-        raise FlashAttnValueError(
-            f"flash_attn: alibi_slopes must have shape (nheads,) = ({nheads},) or (batch_size, "
-            f"nheads) = ({batch_size}, {nheads}), got {_fmt_shape(alibi_slopes)}"
-        )
-    if alibi_slopes.numel() > 0 and alibi_slopes.stride(-1) != 1:
-        raise FlashAttnValueError(
-            "flash_attn: alibi_slopes must have a contiguous last dimension"
-        )
-    if alibi_slopes.device != device:
-        raise FlashAttnValueError(
-            f"flash_attn: alibi_slopes is on device {alibi_slopes.device} but q is on device "
-            f"{device}"
-        )
-
-
 def _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, seqlen_q, seqlen_k):
     """Check the feature arguments as upstream does and return the effective causal flag."""
-    if not (0.0 <= dropout_p < 1.0):
-        raise FlashAttnValueError(
-            f"flash_attn: dropout_p must be in [0, 1), got dropout_p={dropout_p}"
-        )
-    if softcap > 0.0 and dropout_p > 0.0:
-        # Upstream: "Softcapping does not support dropout for now".
-        raise FlashAttnValueError(
-            f"flash_attn: softcap > 0 (softcap={softcap}) does not support dropout "
-            f"(dropout_p={dropout_p}); softcapping does not support dropout for now, as upstream"
-        )
+    _checks.check_dropout_softcap(dropout_p, softcap)
     return _effective_causal(causal, window_size_left, window_size_right, seqlen_q, seqlen_k,
                              alibi_slopes is not None)
 
 
 def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
-                  deterministic, qkv=None, kv=None):
-    """Validate the arguments of every public entry point.
+                  deterministic, qkv=None, kv=None, softmax_scale=None, return_softmax=False):
+    """Validate the arguments of every public entry point and return the scalar arguments
+    normalised (see flash_attn._checks.common_args): (dropout_p, softmax_scale or None, causal,
+    (left, right), softcap, deterministic, return_softmax).
 
     Unpacked: pass q, k, v.  QKV-packed: pass q = k = v = None and qkv.  KV-packed: pass q,
     k = v = None and kv.  Raises FlashAttnTypeError / FlashAttnValueError (which are also
@@ -312,9 +251,8 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
                 f"call {name}.contiguous() first"
             )
 
-    window_size = _window_pair(window_size)
-    _check_features(dropout_p, causal, window_size[0], window_size[1], softcap, alibi_slopes,
-                    deterministic, seqlen_q, seqlen_k)
+    args = _checks.common_args(dropout_p, softmax_scale, causal, window_size, softcap,
+                               deterministic, return_softmax)
     _check_alibi(alibi_slopes, batch_size, nheads, q.device)
 
     device = q.device
@@ -328,48 +266,12 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
                 f"flash_attn: {name} is on device {x.device} but {qn} is on device {device}; "
                 "q, k and v must be on the same CUDA device"
             )
+    return args
 
 
 # ---------------------------------------------------------------------------------------
-# Custom ops (torch >= 2.4); plain functions on older torch.
+# Custom ops (torch >= 2.4; plain functions on older torch, see flash_attn._common)
 # ---------------------------------------------------------------------------------------
-
-_HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
-
-if _HAS_CUSTOM_OP:
-    _torch_custom_op_wrapper = torch.library.custom_op
-    _torch_register_fake_wrapper = torch.library.register_fake
-else:  # torch < 2.4: no custom ops, no torch.compile support
-
-    def _torch_custom_op_wrapper(name, fn=None, /, *, mutates_args, device_types=None,
-                                 schema=None):
-        def wrap(func):
-            return func
-
-        return wrap if fn is None else wrap(fn)
-
-    def _torch_register_fake_wrapper(op, fn=None, /, *, lib=None, _stacklevel=1):
-        def wrap(func):
-            return func
-
-        return wrap if fn is None else wrap(fn)
-
-
-def round_multiple(x, m):
-    return (x + m - 1) // m * m
-
-
-def maybe_contiguous(x):
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
-
-
-def _check_return_softmax(return_softmax, dropout_p):
-    if return_softmax and dropout_p == 0.0:
-        # Upstream: "return_softmax is only supported when p_dropout > 0.0".
-        raise FlashAttnValueError(
-            "flash_attn: return_softmax=True is only supported when dropout_p > 0 (S_dmask "
-            "encodes the dropout mask)"
-        )
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
@@ -390,8 +292,11 @@ def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_s
     _check_return_softmax(return_softmax, dropout_p)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    ext = _ext_for(q)
+    # The kernels need softmax_scale > 0: 0 and negative scales run on a transformed q.
+    q, softmax_scale, _ = _kernel_q_and_scale(q, softmax_scale)
     # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout.
-    out, softmax_lse, S_dmask, rng_state = _ext_for(q).fwd(
+    out, softmax_lse, S_dmask, rng_state = ext.fwd(
         q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
         return_softmax
     )
@@ -465,11 +370,15 @@ def _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropo
         )
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
-    _, _, _, softmax_d = _ext_for(q).bwd(
+    ext = _ext_for(q)
+    # As the forward: the kernel differentiates w.r.t. q', and dq follows from dq' (fix_dq).
+    q, softmax_scale, sign = _kernel_q_and_scale(q, softmax_scale)
+    _, _, _, softmax_d = ext.bwd(
         dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
         wl, wr, softcap, alibi_slopes, dropout_p,
         rng_state if dropout_p > 0.0 else None
     )
+    _fix_dq(dq, sign)
     return softmax_d
 
 
@@ -541,11 +450,6 @@ else:
 # ---------------------------------------------------------------------------------------
 
 
-def _is_compiling():
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
-
-
 def _eager_direct(q):
     """Eager CUDA calls skip the custom-op dispatch (as flash_attn_with_kvcache does): the
     autograd Function already handles autograd, and the dispatch costs tens of microseconds per
@@ -553,18 +457,6 @@ def _eager_direct(q):
     fake tensors, and with FLASH_ATTN_EAGER_OP=1 (A/B) the registered ops run instead."""
     return (q.device.type == "cuda" and not _is_compiling()
             and os.environ.get("FLASH_ATTN_EAGER_OP", "0") != "1")
-
-
-def _pad_to_multiple_of_8(x, head_size_og):
-    """The kernels need headdim % 8 == 0: zero-pad the last dimension (as upstream)."""
-    if head_size_og % 8 != 0:
-        return F.pad(x, [0, 8 - head_size_og % 8])
-    return x
-
-
-def _default_softmax_scale(softmax_scale, head_size_og):
-    # 1 / sqrt(headdim) of the head dim the caller passed, not the padded one.
-    return head_size_og ** (-0.5) if softmax_scale is None else softmax_scale
 
 
 def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
@@ -632,9 +524,11 @@ class FlashAttnQKVPackedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        _check_inputs(None, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
-                      deterministic, qkv=qkv)
-        window_size = _window_pair(window_size)
+        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+         return_softmax) = _check_inputs(None, None, None, dropout_p, causal, window_size,
+                                         softcap, alibi_slopes, deterministic, qkv=qkv,
+                                         softmax_scale=softmax_scale,
+                                         return_softmax=return_softmax)
         is_grad = is_grad_enabled and qkv.requires_grad
         q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
@@ -653,9 +547,11 @@ class FlashAttnKVPackedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        _check_inputs(q, None, None, dropout_p, causal, window_size, softcap, alibi_slopes,
-                      deterministic, kv=kv)
-        window_size = _window_pair(window_size)
+        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+         return_softmax) = _check_inputs(q, None, None, dropout_p, causal, window_size, softcap,
+                                         alibi_slopes, deterministic, kv=kv,
+                                         softmax_scale=softmax_scale,
+                                         return_softmax=return_softmax)
         is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
         k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
@@ -675,9 +571,11 @@ class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
-                      deterministic)
-        window_size = _window_pair(window_size)
+        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+         return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
+                                         alibi_slopes, deterministic,
+                                         softmax_scale=softmax_scale,
+                                         return_softmax=return_softmax)
         is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_softmax, is_grad)
@@ -715,11 +613,13 @@ _MASK_DOC = """
 _COMMON_ARGS_DOC = """
         dropout_p: float in [0, 1). Dropout probability; use 0.0 for evaluation. The mask
             comes from PyTorch's CUDA generator (Philox), so torch.manual_seed reproduces it.
-        softmax_scale: float. The scaling of QK^T before the softmax.
+        softmax_scale: float. The scaling of QK^T before the softmax: any finite value,
+            0 (uniform attention over the visible keys) and negative ones included.
             Defaults to 1 / sqrt(headdim).
         causal: bool. Whether to apply the causal (auto-regressive) mask.
-        window_size: (left, right), or a 2-element tensor. If not (-1, -1), implements
-            sliding-window local attention (see above); -1 is an unbounded side.
+        window_size: (left, right) ints, as a tuple, a list or a 2-element integer tensor.
+            If not (-1, -1), implements sliding-window local attention (see above); a
+            negative side is unbounded.
         softcap: float. A value > 0 turns on softcapping of the scores:
             softcap * tanh(QK^T * softmax_scale / softcap). 0.0 means off. Not with dropout.
         alibi_slopes: (nheads,) or (batch_size, nheads), fp32. ALiBi bias
@@ -874,33 +774,3 @@ flash_attn_func.__doc__ = (
 """
     + _COMMON_ARGS_DOC
 )
-
-
-# ---------------------------------------------------------------------------------------
-# Variable-length batches and KV-cache inference live in flash_attn/_varlen_kvcache.py;
-# re-exported here, where upstream defines them.
-# ---------------------------------------------------------------------------------------
-
-from flash_attn._varlen_kvcache import (  # noqa: E402
-    FlashAttnVarlenFunc,
-    FlashAttnVarlenKVPackedFunc,
-    FlashAttnVarlenQKVPackedFunc,
-    _flash_attn_varlen_backward,
-    _flash_attn_varlen_forward,
-    _wrapped_flash_attn_varlen_backward,
-    _wrapped_flash_attn_varlen_forward,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
-
-__all__ += [
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_with_kvcache",
-    "FlashAttnVarlenFunc",
-    "FlashAttnVarlenQKVPackedFunc",
-    "FlashAttnVarlenKVPackedFunc",
-]

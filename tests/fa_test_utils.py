@@ -332,3 +332,189 @@ def randn(*shape, dtype, device="cuda", requires_grad=False):
 
 def scale_default(d):
     return 1.0 / math.sqrt(d)
+
+
+# ---------------------------------------------------------------------------------------
+# A CPU stand-in for the extension (flash_attn._C) with the kernels' preconditions asserted
+# ---------------------------------------------------------------------------------------
+
+INT32_MAX = 2**31 - 1
+
+
+class CpuExt:
+    """flash_attn._C's fwd / bwd / varlen_fwd / varlen_bwd / fwd_kvcache on CPU tensors, with the
+    C++ signatures, computed by the fp32 references.  Every precondition the kernels have is an
+    assert here (softmax_scale > 0, ints within int32, index values in range), so a test that
+    installs it finds anything the Python layer lets through: an AssertionError is a check the
+    Python layer is missing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def built_configs(self):
+        return [(n, t) for n in ("fp16", "bf16") for t in (32, 64, 96, 128, 192, 256)]
+
+    def head_dim_tile(self, d):
+        return next((t for t in (32, 64, 96, 128, 192, 256) if d <= t), -1)
+
+    @staticmethod
+    def _ints(*xs):
+        for x in xs:
+            assert isinstance(x, int) and not isinstance(x, bool), f"not an int: {x!r}"
+            assert -INT32_MAX - 1 <= x <= INT32_MAX, f"int out of int32 range: {x}"
+
+    @staticmethod
+    def _scale(s):
+        assert isinstance(s, float) and 0.0 < s < float("inf"), f"softmax_scale {s!r} <= 0"
+
+    @staticmethod
+    def _cu(cu, total, max_len):
+        c = cu.tolist()
+        assert c[0] == 0, f"cu_seqlens starts at {c[0]}"
+        assert all(a <= b for a, b in zip(c, c[1:])), f"cu_seqlens decreasing: {c}"
+        assert total is None or c[-1] <= total, f"cu_seqlens ends at {c[-1]} > {total}"
+        assert all(b - a <= max_len for a, b in zip(c, c[1:])), f"max_seqlen {max_len} < {c}"
+
+    def fwd(self, q, k, v, out, softmax_scale, is_causal, wl, wr, softcap, alibi, dropout_p,
+            return_softmax):
+        self._scale(softmax_scale)
+        self._ints(wl, wr)
+        self.calls.append(("fwd", softmax_scale))
+        o, lse = attention_ref(q.float(), k.float(), v.float(), causal=is_causal,
+                               softmax_scale=softmax_scale, window_size=(wl, wr),
+                               softcap=softcap, alibi_slopes=alibi)
+        b, sq, h, _ = q.shape
+        r = lambda x: (x + 127) // 128 * 128  # noqa: E731
+        s = (torch.zeros(b, h, r(sq), r(k.shape[1]), dtype=q.dtype) if return_softmax
+             else torch.empty(0, dtype=q.dtype))
+        return o.to(q.dtype), lse, s, torch.zeros(2, dtype=torch.int64)
+
+    def bwd(self, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
+            wl, wr, softcap, alibi, dropout_p, rng_state):
+        self._scale(softmax_scale)
+        self._ints(wl, wr)
+        self.calls.append(("bwd", softmax_scale))
+        with torch.enable_grad():
+            leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+            o, _ = attention_ref(*leaves, causal=is_causal, softmax_scale=softmax_scale,
+                                 window_size=(wl, wr), softcap=softcap, alibi_slopes=alibi)
+            grads = torch.autograd.grad(o, leaves, dout.float())
+        for dst, g in zip((dq, dk, dv), grads):
+            if dst is not None:
+                dst.copy_(g)
+        b, sq, h, _ = q.shape
+        return dq, dk, dv, torch.empty(b, h, (sq + 127) // 128 * 128)
+
+    def _varlen_keys(self, k, v, cu_k, block_table):
+        """Dense (total_k, hk, d) keys for a paged k/v, and the matching cu_seqlens_k."""
+        if block_table is None:
+            return k, v
+        nb, page = k.shape[0], k.shape[1]
+        c = cu_k.tolist()
+        ks, vs = [], []
+        for i in range(len(c) - 1):
+            n = c[i + 1] - c[i]
+            pages = block_table[i, : (n + page - 1) // page].tolist()
+            assert all(0 <= p < nb for p in pages), f"block_table row {i} has {pages}"
+            ks.append(k[pages].reshape(-1, *k.shape[2:])[:n])
+            vs.append(v[pages].reshape(-1, *v.shape[2:])[:n])
+        return torch.cat(ks), torch.cat(vs)
+
+    def varlen_fwd(self, q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, max_q,
+                   max_k, softmax_scale, zero_tensors, causal, wl, wr, softcap, alibi, dropout_p,
+                   return_softmax):
+        from test_varlen_kvcache import varlen_ref
+
+        self._scale(softmax_scale)
+        self._ints(max_q, max_k, wl, wr)
+        self._cu(cu_q, q.shape[0], max_q)
+        self._cu(cu_k, k.shape[0] if block_table is None else None, max_k)
+        self.calls.append(("varlen_fwd", softmax_scale))
+        kd, vd = self._varlen_keys(k, v, cu_k, block_table)
+        o, lse = varlen_ref(q, kd, vd, cu_q, cu_k, causal, (wl, wr), softmax_scale, True,
+                            softcap, alibi)
+        b = cu_q.shape[0] - 1
+        r = lambda x: (x + 127) // 128 * 128  # noqa: E731
+        s = (torch.zeros(b, q.shape[1], r(max_q), r(max_k), dtype=q.dtype) if return_softmax
+             else torch.empty(0, dtype=q.dtype))
+        return o, lse, s, torch.zeros(2, dtype=torch.int64)
+
+    def varlen_bwd(self, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
+                   softmax_scale, zero_tensors, causal, deterministic, wl, wr, softcap, alibi,
+                   dropout_p, rng_state):
+        from test_varlen_kvcache import varlen_ref
+
+        self._scale(softmax_scale)
+        self._ints(max_q, max_k, wl, wr)
+        self._cu(cu_q, q.shape[0], max_q)
+        self._cu(cu_k, k.shape[0], max_k)
+        self.calls.append(("varlen_bwd", softmax_scale))
+        with torch.enable_grad():
+            leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+            o, _ = varlen_ref(*leaves, cu_q, cu_k, causal, (wl, wr), softmax_scale, True,
+                              softcap, alibi)
+            grads = torch.autograd.grad(o, leaves, dout.float())
+        for dst, g in zip((dq, dk, dv), grads):
+            if dst is not None:
+                dst.copy_(g)
+        return dq, dk, dv, torch.empty(0)
+
+    def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, softmax_scale,
+                    causal, wl, wr, num_splits, softcap=0.0, alibi_slopes=None):
+        from test_varlen_kvcache import _slopes_of, attn_ref_one
+
+        self._scale(softmax_scale)
+        self._ints(wl, wr, num_splits)
+        assert num_splits >= 0
+        self.calls.append(("fwd_kvcache", softmax_scale))
+        b, sq, h, d = q.shape
+        outs, lses = [], []
+        for i in range(b):
+            if block_table is not None:
+                pages = block_table[i].tolist()
+                hi = int(seqused[i]) if seqused is not None else len(pages) * kc.shape[1]
+                need = (hi + kc.shape[1] - 1) // kc.shape[1]
+                assert all(0 <= p < kc.shape[0] for p in pages[:need]), f"pages {pages[:need]}"
+                kd = kc[pages[:need]].reshape(-1, *kc.shape[2:])
+                vd = vc[pages[:need]].reshape(-1, *vc.shape[2:])
+            else:
+                j = int(batch_idx[i]) if batch_idx is not None else i
+                assert 0 <= j < kc.shape[0], f"cache_batch_idx {j}"
+                kd, vd = kc[j], vc[j]
+            lo = int(leftpad[i]) if leftpad is not None else 0
+            hi = int(seqused[i]) if seqused is not None else kd.shape[0]
+            assert 0 <= lo <= hi <= kd.shape[0], f"keys [{lo}, {hi}) of {kd.shape[0]}"
+            o, lse = attn_ref_one(q[i], kd[lo:hi], vd[lo:hi], causal, (wl, wr), softmax_scale,
+                                  True, softcap, _slopes_of(alibi_slopes, i, h))
+            outs.append(o)
+            lses.append(lse)
+        return torch.stack(outs), torch.stack(lses)
+
+
+def install_cpu_ext(monkeypatch, ext=None, fp32=False):
+    """Route every entry point's CPU calls to a CpuExt through the real Python layer (the op
+    implementations, not their fakes): CPU tensors allowed (fp32 too with fp32=True, for exact
+    comparisons), the ops' impls called directly."""
+    import flash_attn._varlen_kvcache as vk
+    import flash_attn.flash_attn_interface as fi
+
+    ext = CpuExt() if ext is None else ext
+    for mod in (fi, vk):
+        monkeypatch.setattr(mod, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
+        if fp32:
+            monkeypatch.setattr(mod, "_SUPPORTED_DTYPES",
+                                (torch.float16, torch.bfloat16, torch.float32))
+        monkeypatch.setattr(mod, "_ext_for", lambda q: ext)
+    monkeypatch.setattr(fi, "_wrapped_flash_attn_forward", fi._flash_attn_forward_impl)
+    monkeypatch.setattr(fi, "_wrapped_flash_attn_backward", fi._flash_attn_backward_impl)
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_varlen_forward",
+                        _op_impl(vk._flash_attn_varlen_forward))
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_varlen_backward",
+                        _op_impl(vk._flash_attn_varlen_backward))
+    monkeypatch.setattr(vk, "_wrapped_flash_attn_kvcache", vk._kvcache_impl)
+    return ext
+
+
+def _op_impl(op):
+    """The Python function a torch.library.custom_op wraps (the op itself on old torch)."""
+    return getattr(op, "_init_fn", op)

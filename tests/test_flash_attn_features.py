@@ -49,7 +49,7 @@ def _dropout_mask_from_s_dmask(S_dmask, sq, sk):
 
 
 def _run(dtype, d, sq, sk, causal, b, h, hk, variant="func", window=(-1, -1), softcap=0.0,
-         alibi=None, dropout_p=0.0, deterministic=False, check_lse=True):
+         alibi=None, dropout_p=0.0, deterministic=False, check_lse=True, softmax_scale=None):
     require_config(dtype, d)
     if variant == "qkvpacked":
         sk, hk = sq, h
@@ -58,7 +58,8 @@ def _run(dtype, d, sq, sk, causal, b, h, hk, variant="func", window=(-1, -1), so
     v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
     slopes = _alibi(alibi, b, h)
     kw = dict(dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap,
-              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
+              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True,
+              softmax_scale=softmax_scale)
     if variant == "func":
         out, lse, S_dmask = flash_attn_func(q, k, v, **kw)
         dout = torch.randn_like(out)
@@ -82,7 +83,7 @@ def _run(dtype, d, sq, sk, causal, b, h, hk, variant="func", window=(-1, -1), so
     else:
         assert S_dmask.numel() == 0
     check_against_ref(out, lse if check_lse else None, grads, q, k, v, dout, causal,
-                      grad_factor=3, **feats)
+                      softmax_scale=softmax_scale, grad_factor=3, **feats)
 
 
 def _rotated(features, seqlens=SEQLENS):
@@ -433,3 +434,54 @@ def test_mod_backward_m128(alibi, deterministic, causal, window, sq, sk):
             again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             for name, a, r in zip(("dq", "dk", "dv"), again, first):
                 assert torch.equal(a, r), f"{name} differs between deterministic runs"
+
+
+# softmax_scale: any finite value gives softmax(Q K^T * scale) V (0 and negatives run on a
+# transformed q, see flash_attn._common.kernel_q_and_scale), forward and backward, with every
+# score modifier. Against the fp32 reference with the suite's rule.
+SCALE_FEATS = [{}, {"window": (16, 0)}, {"softcap": 5.0}, {"alibi": "bh"},
+               {"softcap": 8.0, "alibi": "h", "window": (40, 8)}]
+
+
+@pytest.mark.parametrize("softmax_scale", [0.0, -0.3, 0.3])
+@pytest.mark.parametrize("feat", SCALE_FEATS, ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()) or "plain")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype, d, sq, sk, b, h, hk", [
+    (torch.bfloat16, 64, 113, 203, 2, 6, 2),
+    (torch.float16, 128, 239, 113, 1, 4, 4),
+    (torch.bfloat16, 59, 77, 77, 2, 4, 1),
+], ids=["bf16-d64-gqa", "fp16-d128", "bf16-d59-mqa"])
+def test_softmax_scale_any_finite_value(dtype, d, sq, sk, b, h, hk, causal, feat, softmax_scale):
+    _run(dtype, d, sq, sk, causal, b, h, hk, softmax_scale=softmax_scale, **_feat_kwargs(feat))
+
+
+@pytest.mark.parametrize("softmax_scale", [0.0, -0.5])
+@pytest.mark.parametrize("variant", ["qkvpacked", "kvpacked"])
+def test_softmax_scale_any_finite_value_packed(variant, softmax_scale):
+    _run(torch.bfloat16, 64, 128, 160, True, 2, 4, 2, variant=variant,
+         softmax_scale=softmax_scale, softcap=4.0)
+
+
+def test_softmax_scale_zero_is_uniform_attention():
+    """scale 0: every visible key gets the same weight (the mean of v), dq and dk are 0."""
+    require_config(torch.bfloat16, 64)
+    q = torch.randn(1, 50, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 70, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = flash_attn_func(q, k, v, softmax_scale=0.0)
+    mean = v.float().mean(1, keepdim=True).expand(1, 50, 2, 64)
+    torch.testing.assert_close(out.float(), mean, atol=1e-2, rtol=1e-2)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.all(dq == 0) and torch.all(dk == 0) and torch.isfinite(dv).all()
+
+
+@pytest.mark.parametrize("window", [torch.tensor([16, 0]), "CUDA",
+                                    torch.tensor([16, 0], dtype=torch.int32), [16, 0]],
+                         ids=["cpu-int64", "cuda-int64", "cpu-int32", "list"])
+def test_window_size_forms_match_tuple(window):
+    require_config(torch.bfloat16, 64)
+    if isinstance(window, str):
+        window = torch.tensor([16, 0], device="cuda")
+    q, k, v = [torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    assert torch.equal(flash_attn_func(q, k, v, window_size=window),
+                       flash_attn_func(q, k, v, window_size=(16, 0)))

@@ -10,10 +10,12 @@ autograd Functions.
 import inspect
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -810,7 +812,9 @@ def test_attention_ref_gqa_and_bottom_right_causal():
 
 
 def test_missing_extension_gives_clear_import_error(monkeypatch):
-    monkeypatch.setattr(fi, "_C", None)
+    from flash_attn import _common
+
+    monkeypatch.setattr(_common, "_C", None)  # the loader's cache (fi._C reads it)
     monkeypatch.setitem(sys.modules, "flash_attn._C", None)  # makes the import fail
     with pytest.raises(ImportError, match=r"flash_attn\._C could not be imported"):
         fi._get_ext()
@@ -955,3 +959,298 @@ def test_binding_rejects_cpu_tensors():
         C.fwd(q, q, q, None, 0.125, False, -1, -1, 0.0, None, 0.1, False)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         C.fwd(q, q, q, None, 0.125, False, -1, -1, 3.0, None, 0.0, False)
+
+
+# ---------------------------------------------------------------------------------------
+# softmax_scale: any finite value (0 and negatives included) through the real op
+# implementations, with the extension replaced by a CPU stand-in that asserts the kernels'
+# preconditions (softmax_scale > 0 among them).
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_ext(monkeypatch):
+    from fa_test_utils import install_cpu_ext
+
+    return install_cpu_ext(monkeypatch)
+
+
+SCALE_FEATURES = [
+    {},
+    {"causal": True},
+    {"window_size": (3, 1)},
+    {"window_size": (2, 0), "causal": True},
+    {"softcap": 2.0},
+    {"softcap": 1.5, "causal": True},
+    {"alibi_slopes": "H"},
+    {"alibi_slopes": "BH", "causal": True, "window_size": (4, -1)},
+]
+
+
+@pytest.mark.parametrize("softmax_scale", [0.0, -0.0, -0.3, -1.7, 0.4, None])
+@pytest.mark.parametrize("feat", SCALE_FEATURES, ids=lambda f: "-".join(f) or "plain")
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+def test_softmax_scale_any_finite_value(cpu_ext, variant, feat, softmax_scale):
+    """softmax(Q K^T * scale) V for every finite scale, forward and backward, while the kernel
+    only ever sees scale > 0 (CpuExt asserts it)."""
+    from fa_test_utils import check_against_ref
+
+    b, s, h, d = 2, 9, 4, 16
+    hk = h if variant == "qkvpacked" else 2
+    feat = dict(feat)
+    if feat.get("alibi_slopes") == "H":
+        feat["alibi_slopes"] = torch.rand(h) * 0.5
+    elif feat.get("alibi_slopes") == "BH":
+        feat["alibi_slopes"] = torch.rand(b, h) * 0.5
+    causal = feat.pop("causal", False)
+    q = torch.randn(b, s, h, d, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s + 3 if variant != "qkvpacked" else s, hk, d, dtype=torch.bfloat16,
+                    requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    kw = dict(softmax_scale=softmax_scale, causal=causal, return_attn_probs=True, **feat)
+    if variant == "func":
+        out, lse, _ = flash_attn_func(q, k, v, **kw)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    elif variant == "qkvpacked":
+        qkv = torch.stack([q, k, v], 2).detach().requires_grad_()
+        out, lse, _ = flash_attn_qkvpacked_func(qkv, **kw)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, qkv, dout)[0].unbind(2)
+    else:
+        kv = torch.stack([k, v], 2).detach().requires_grad_()
+        out, lse, _ = flash_attn_kvpacked_func(q, kv, **kw)
+        dout = torch.randn_like(out)
+        dq, dkv = torch.autograd.grad(out, (q, kv), dout)
+        grads = (dq, *dkv.unbind(2))
+    check_against_ref(out, lse, grads, q, k, v, dout, causal, softmax_scale=softmax_scale,
+                      **feat)
+    if softmax_scale == 0.0:
+        assert torch.all(grads[0] == 0) and torch.all(grads[1] == 0)
+    assert [c[0] for c in cpu_ext.calls] == ["fwd", "bwd"]
+    assert all(c[1] > 0 for c in cpu_ext.calls)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 1e39, -1e300])
+def test_softmax_scale_nonfinite_rejected(bad):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flash_attn_func(q, k, v, softmax_scale=bad)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flash_attn_qkvpacked_func(_t(2, 17, 3, 6, 64), softmax_scale=bad)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        flash_attn_kvpacked_func(q, _t(2, 33, 2, 2, 64), softmax_scale=bad)
+
+
+def test_softmax_scale_transform_skips_positive():
+    """The fast path (scale > 0) hands q through untouched."""
+    from flash_attn._common import fix_dq, kernel_q_and_scale
+
+    q = torch.randn(2, 3)
+    q2, s, sign = kernel_q_and_scale(q, 0.5)
+    assert q2 is q and s == 0.5 and sign == 1
+    q2, s, sign = kernel_q_and_scale(q, -0.5)
+    assert torch.equal(q2, -q) and s == 0.5 and sign == -1
+    q2, s, sign = kernel_q_and_scale(q, 0.0)
+    assert torch.equal(q2, torch.zeros_like(q)) and s == 1.0 and sign == 0
+    dq = torch.ones(3)
+    fix_dq(dq, -1)
+    assert torch.equal(dq, -torch.ones(3))
+    fix_dq(dq, 0)
+    assert torch.equal(dq, torch.zeros(3))
+    fix_dq(None, 0)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        kernel_q_and_scale(q, float("nan"))
+
+
+def test_private_ops_handle_any_scale(cpu_ext):
+    """_flash_attn_forward / _flash_attn_backward (called directly by ring-flash-attn and
+    TransformerEngine) take any finite scale too; the lse is that of the scaled scores."""
+    from fa_test_utils import attention_ref
+
+    q, k, v = [torch.randn(1, 6, 2, 16) for _ in range(3)]
+    for scale in (-0.7, 0.0):
+        out, lse, _, rng = fi._flash_attn_forward_impl(q, k, v, 0.0, scale, False, -1, -1, 0.0,
+                                                       None, False)
+        ref, lse_ref = attention_ref(q, k, v, softmax_scale=scale)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(lse, lse_ref)
+        dout = torch.randn_like(out)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        fi._flash_attn_backward_impl(dout, q, k, v, out, lse, dq, dk, dv, 0.0, scale, False, -1,
+                                     -1, 0.0, None, False, rng)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o, _ = attention_ref(*leaves, softmax_scale=scale)
+        for g, r in zip((dq, dk, dv), torch.autograd.grad(o, leaves, dout)):
+            torch.testing.assert_close(g, r)
+
+
+# ---------------------------------------------------------------------------------------
+# Argument forms upstream accepts, and type errors naming the argument
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"window_size": [3, 1]},
+    {"window_size": torch.tensor([3, 1])},
+    {"window_size": torch.tensor([3, 1], dtype=torch.int32)},
+    {"window_size": torch.tensor([3, 1], dtype=torch.int16)},
+    {"window_size": (torch.tensor(3), torch.tensor(1))},
+    {"window_size": (np.int64(3), np.int32(1))},
+    {"window_size": (2**40, -(2**40))},
+    {"causal": np.bool_(True)},
+    {"causal": torch.tensor(True)},
+    {"causal": 1},
+    {"deterministic": 0},
+    {"softmax_scale": 1},
+    {"softmax_scale": np.float32(0.3)},
+    {"softmax_scale": torch.tensor(0.3)},
+    {"softcap": 3},
+    {"softcap": torch.tensor(2.0)},
+    {"dropout_p": np.float64(0.1)},
+    {"dropout_p": 0},
+    {"return_attn_probs": np.bool_(False)},
+], ids=lambda kw: f"{next(iter(kw))}-{type(next(iter(kw.values()))).__name__}")
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+def test_upstream_argument_forms_accepted(variant, kwargs):
+    q, k, v = _qkv(requires_grad=True)
+    if variant == "func":
+        out = flash_attn_func(q, k, v, **kwargs)
+    elif variant == "qkvpacked":
+        out = flash_attn_qkvpacked_func(_t(2, 17, 3, 6, 64, requires_grad=True), **kwargs)
+    else:
+        out = flash_attn_kvpacked_func(q, _t(2, 33, 2, 2, 64, requires_grad=True), **kwargs)
+    assert out.shape == q.shape
+
+
+def test_window_size_reaches_the_kernel_in_int32(cpu_ext):
+    q, k, v = [torch.randn(1, 5, 2, 16, dtype=torch.bfloat16) for _ in range(3)]
+    a = flash_attn_func(q, k, v, window_size=(2**40, -(2**40)))
+    b = flash_attn_func(q, k, v)
+    assert torch.equal(a, b)
+    c = flash_attn_func(q, k, v, window_size=torch.tensor([1, 0], dtype=torch.int32))
+    d = flash_attn_func(q, k, v, window_size=(1, 0))
+    assert torch.equal(c, d) and not torch.equal(c, b)
+
+
+TYPE_ERRORS = [
+    ({"causal": "False"}, "causal"),
+    ({"causal": None}, "causal"),
+    ({"causal": 2}, "causal"),
+    ({"causal": 1.0}, "causal"),
+    ({"deterministic": "yes"}, "deterministic"),
+    ({"return_attn_probs": None}, "return_attn_probs"),
+    ({"dropout_p": "0.1"}, "dropout_p"),
+    ({"dropout_p": None}, "dropout_p"),
+    ({"dropout_p": True}, "dropout_p"),
+    ({"softcap": None}, "softcap"),
+    ({"softcap": "1.0"}, "softcap"),
+    ({"softmax_scale": "0.1"}, "softmax_scale"),
+    ({"softmax_scale": True}, "softmax_scale"),
+    ({"softmax_scale": [0.1]}, "softmax_scale"),
+    ({"window_size": (2.5, 0)}, "window_size"),
+    ({"window_size": (2.0, 0)}, "window_size"),
+    ({"window_size": (True, 0)}, "window_size"),
+    ({"window_size": ("1", 0)}, "window_size"),
+    ({"window_size": torch.tensor([1.0, 2.0])}, "window_size"),
+    ({"window_size": (None, 0)}, "window_size"),
+]
+VALUE_ERRORS = [
+    ({"dropout_p": float("nan")}, "dropout_p"),
+    ({"softcap": float("nan")}, "softcap"),
+    ({"softcap": float("inf")}, "softcap"),
+    ({"window_size": None}, "window_size"),
+    ({"window_size": 3}, "window_size"),
+    ({"window_size": "ab"}, "window_size"),
+]
+
+
+BAD_ARGS = [(kw, n, TypeError) for kw, n in TYPE_ERRORS] + \
+    [(kw, n, ValueError) for kw, n in VALUE_ERRORS]
+
+
+@pytest.mark.parametrize("kwargs, name, exc", BAD_ARGS,
+                         ids=[f"{n}{i}" for i, (_, n, _) in enumerate(BAD_ARGS)])
+@pytest.mark.parametrize("variant", ["func", "qkvpacked", "kvpacked"])
+def test_bad_argument_raises_naming_it(variant, kwargs, name, exc):
+    q, k, v = _qkv()
+    with pytest.raises(exc, match=rf"\b{name}\b") as info:
+        if variant == "func":
+            flash_attn_func(q, k, v, **kwargs)
+        elif variant == "qkvpacked":
+            flash_attn_qkvpacked_func(_t(2, 17, 3, 6, 64), **kwargs)
+        else:
+            flash_attn_kvpacked_func(q, _t(2, 33, 2, 2, 64), **kwargs)
+    assert isinstance(info.value, RuntimeError)  # as upstream's C++ / op-schema errors
+
+
+def test_causal_string_is_not_causal(cpu_ext):
+    q, k, v = [torch.randn(1, 5, 2, 16, dtype=torch.bfloat16) for _ in range(3)]
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attn_func(q, k, v, causal="False")
+    assert cpu_ext.calls == []
+
+
+# ---------------------------------------------------------------------------------------
+# Module layout: one shared checks module, no import cycle, every name still where it was
+# ---------------------------------------------------------------------------------------
+
+
+def test_interface_names_importable():
+    from flash_attn.flash_attn_interface import (  # noqa: F401
+        FlashAttnFunc, FlashAttnKVPackedFunc, FlashAttnQKVPackedFunc, FlashAttnTypeError,
+        FlashAttnValueError, FlashAttnVarlenFunc, FlashAttnVarlenKVPackedFunc,
+        FlashAttnVarlenQKVPackedFunc, _check_alibi, _check_features, _check_inputs,
+        _check_return_softmax, _effective_causal, _ext_for, _flash_attn_backward,
+        _flash_attn_forward, _flash_attn_varlen_backward, _flash_attn_varlen_forward,
+        _get_block_size_n, _get_ext, _HAS_CUSTOM_OP, _resolve_window, _window_pair,
+        _wrapped_flash_attn_backward, _wrapped_flash_attn_forward,
+        _wrapped_flash_attn_varlen_backward, _wrapped_flash_attn_varlen_forward, maybe_contiguous,
+        round_multiple, set_strict_checks, strict_checks_enabled,
+    )
+
+    assert fi._C is None or hasattr(fi._C, "fwd")
+    assert flash_attn.set_strict_checks is fi.set_strict_checks
+    from flash_attn import _checks
+
+    assert fi.FlashAttnValueError is _checks.FlashAttnValueError
+    import flash_attn._varlen_kvcache as vk
+
+    assert vk.FlashAttnTypeError is fi.FlashAttnTypeError
+
+
+def test_no_import_cycle():
+    """_checks and _common import nothing else from the package and _varlen_kvcache does not
+    import flash_attn_interface; importing any module first works."""
+    root = os.path.dirname(os.path.abspath(flash_attn.__file__))
+    for name in ("_checks.py", "_common.py", "_varlen_kvcache.py"):
+        src = open(os.path.join(root, name)).read()
+        imports = re.findall(r"^\s*(?:from\s+\S+\s+)?import\s.*$", src, re.M)
+        assert not [i for i in imports if "flash_attn_interface" in i], name
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.dirname(root) + os.pathsep + env.get("PYTHONPATH", "")
+    for mod in ("flash_attn._checks", "flash_attn._common", "flash_attn._varlen_kvcache",
+                "flash_attn.flash_attn_interface"):
+        res = subprocess.run([sys.executable, "-c", f"import {mod}; import flash_attn; "
+                              "print(flash_attn.flash_attn_varlen_func.__module__)"],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_set_strict_checks_api():
+    prev = flash_attn.set_strict_checks(False)
+    try:
+        assert flash_attn.strict_checks_enabled() is False
+        assert flash_attn.set_strict_checks(True) is False
+        assert flash_attn.strict_checks_enabled() is True
+        with pytest.raises(TypeError, match="enabled"):
+            flash_attn.set_strict_checks("no")
+    finally:
+        flash_attn.set_strict_checks(prev)
+    assert "synchronis" in flash_attn.set_strict_checks.__doc__
+    code = "import flash_attn; print(flash_attn.strict_checks_enabled())"
+    env = dict(os.environ, FLASH_ATTN_STRICT_CHECKS="0")
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(flash_attn.__file__)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.stdout.strip() == "False", res.stderr[-2000:]

@@ -342,7 +342,7 @@ def _mask_from_s_dmask(S_dmask, lq, lk):
 
 def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), softcap=0.0,
                      alibi=None, dropout_p=0.0, deterministic=False, variant="func", tail=3,
-                     reruns=5):
+                     reruns=5, softmax_scale=None):
     require_config(dtype, d)
     if variant == "qkvpacked":
         lk, hk = lq, h
@@ -354,7 +354,8 @@ def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), sof
     v = torch.randn(sum(lk) + tail, hk, d, device="cuda", dtype=dtype, requires_grad=True)
     slopes = _alibi_slopes(alibi, b, h)
     kw = dict(dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap,
-              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True)
+              alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True,
+              softmax_scale=softmax_scale)
     if variant == "func":
         leaves = (q, k, v)
         out, lse, S_dmask = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
@@ -387,7 +388,7 @@ def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), sof
         feats.update(dropout_p=dropout_p, dropout_masks=_mask_from_s_dmask(S_dmask, lq, lk))
     else:
         assert S_dmask.numel() == 0
-    scale = d ** -0.5
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
     out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True, **feats)
     g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
     out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False, **feats)
@@ -548,7 +549,8 @@ def _rotary_ref(x, cos, sin, pos, interleaved):
 def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, hk=2,
                  new_kv=True, seqlen_new=None, rotary_fraction=0.0, interleaved=False,
                  page=None, leftpad=False, batch_idx=False, num_splits=0, causal=False,
-                 window=(-1, -1), check_lse=True, device="cuda", softcap=0.0, alibi=None):
+                 window=(-1, -1), check_lse=True, device="cuda", softcap=0.0, alibi=None,
+                 softmax_scale=None):
     if device == "cuda":
         require_config(dtype, d)
     dev = device
@@ -615,7 +617,7 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
         block_table=block_table, causal=causal, window_size=window, softcap=softcap,
         alibi_slopes=slopes, rotary_interleaved=interleaved, num_splits=num_splits,
-        return_softmax_lse=True)
+        softmax_scale=softmax_scale, return_softmax_lse=True)
 
     # The appended cache, exactly.
     if page is not None:
@@ -625,7 +627,7 @@ def _run_kvcache(dtype=torch.bfloat16, d=128, b=3, sq=1, seqlen_cache=300, h=8, 
     else:
         assert torch.equal(k_cache, k_ref_cache) and torch.equal(v_cache, v_ref_cache)
 
-    scale = d ** -0.5
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
     for i in range(b):
         lo_k = int(cache_leftpad[i]) if leftpad else 0
         hi_k = int(cache_seqlens[i]) + seqlen_new
@@ -829,3 +831,217 @@ def test_kvcache_decode_paged_lengths(page, seqlen_cache, num_splits, leftpad):
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
 def test_varlen_backward_m128(mode, mask):
     _run_varlen(torch.bfloat16, 64, 257, 300, mode, mask, 6, 2)
+# ---------------------------------------------------------------------------------------
+# softmax_scale of any sign; window_size forms; value checks that leave the caches unchanged
+# and the CUDA context usable (issue: bad values used to poison it).
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("softmax_scale", [0.0, -0.3, 0.3])
+@pytest.mark.parametrize("feat", [dict(), dict(causal=True), dict(window=(32, 0)),
+                                  dict(softcap=5.0, causal=True), dict(alibi="bh"),
+                                  dict(alibi="h", softcap=8.0, window=(40, 8))],
+                         ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()) or "plain")
+def test_varlen_softmax_scale_any_finite_value(feat, softmax_scale):
+    lq, lk, h, hk, d, dtype = FEAT_SHAPES[0]
+    _run_varlen_feat(dtype, d, lq, lk, h, hk, softmax_scale=softmax_scale, **feat)
+
+
+@pytest.mark.parametrize("softmax_scale", [0.0, -0.4])
+@pytest.mark.parametrize("variant", ["qkvpacked", "kvpacked"])
+def test_varlen_softmax_scale_packed(variant, softmax_scale):
+    lq, lk, h, hk, d, dtype = FEAT_SHAPES[1]
+    _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=True, variant=variant,
+                     softmax_scale=softmax_scale)
+
+
+@pytest.mark.parametrize("softmax_scale", [0.0, -0.3, 0.3])
+@pytest.mark.parametrize("name, kw", [
+    ("decode-gqa", dict(sq=1, h=32, hk=8)),
+    ("append-sq4-causal", dict(sq=4, causal=True)),
+    ("paged16-softcap", dict(sq=1, page=16, softcap=10.0)),
+    ("local-split-alibi", dict(sq=1, window=(64, -1), num_splits=4, alibi="h")),
+    ("prefill-kernel-alibi-softcap", dict(sq=100, causal=True, h=4, hk=4, alibi="bh", softcap=15.0)),
+    ("d59-leftpad", dict(d=59, sq=3, h=4, hk=2, leftpad=True, causal=True)),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_kvcache_softmax_scale_any_finite_value(name, kw, softmax_scale):
+    _run_kvcache(softmax_scale=softmax_scale, **kw)
+
+
+@pytest.mark.parametrize("window", [torch.tensor([40, 0]), "CUDA",
+                                    torch.tensor([40, 0], dtype=torch.int32), [40, 0]],
+                         ids=["cpu-int64", "cuda-int64", "cpu-int32", "list"])
+def test_window_size_tensor_on_varlen_and_kvcache(window):
+    """Upstream's tests pass window_size as a 2-element tensor; the same result as the tuple."""
+    require_config(torch.bfloat16, 64)
+    if isinstance(window, str):
+        window = torch.tensor([40, 0], device="cuda")
+    cu = cu_from([50, 70])
+    q, k = [torch.randn(120, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    a = flash_attn_varlen_func(q, k, k, cu, cu, 70, 70, causal=True, window_size=window)
+    b = flash_attn_varlen_func(q, k, k, cu, cu, 70, 70, causal=True, window_size=(40, 0))
+    assert torch.equal(a, b)
+    qd = torch.randn(2, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.bfloat16)
+    a = flash_attn_with_kvcache(qd, kc, kc, window_size=window, causal=True)
+    b = flash_attn_with_kvcache(qd, kc, kc, window_size=(40, 0), causal=True)
+    assert torch.equal(a, b)
+
+
+def _i32c(*xs):
+    return torch.tensor(xs, dtype=torch.int32, device="cuda")
+
+
+KV_BAD_GPU = [
+    ("seqlens+new past the cache", dict(cache_seqlens="OVER_NEW"), "cache_seqlens"),
+    ("int seqlens+new past the cache", dict(cache_seqlens=64), "cache_seqlens"),
+    ("seqlens past the cache, no new", dict(cache_seqlens="OVER", new=False), "cache_seqlens"),
+    ("negative seqlens", dict(cache_seqlens="NEG"), "cache_seqlens"),
+    ("batch_idx past the batch", dict(cache_batch_idx="OVER"), "cache_batch_idx"),
+    ("negative batch_idx", dict(cache_batch_idx="NEG"), "cache_batch_idx"),
+    ("leftpad > seqlens", dict(cache_leftpad="OVER"), "cache_leftpad"),
+    ("negative leftpad", dict(cache_leftpad="NEG"), "cache_leftpad"),
+    ("block_table entry past num_blocks", dict(page=16, table="OVER"), "block_table"),
+    ("negative block_table entry", dict(page=16, table="NEG"), "block_table"),
+    ("block_table too few columns", dict(page=16, table="FEW"), "cache_seqlens"),
+    ("num_splits 2**31", dict(num_splits=2**31), "num_splits"),
+    ("unaligned k_cache view", dict(unaligned=True), "k_cache"),
+    ("softcap string", dict(softcap="1.0"), "softcap"),
+]
+
+
+@pytest.mark.parametrize("case, kw, name", KV_BAD_GPU, ids=[c[0].replace(" ", "-") for c in KV_BAD_GPU])
+def test_kvcache_bad_values_leave_caches_unchanged(case, kw, name):
+    """Each bad value raises naming the argument, before the in-place append; the caches are
+    bit-identical afterwards and the process runs a valid call (the context is not poisoned)."""
+    require_config(torch.bfloat16, 128)
+    kw = dict(kw)
+    b, sc, hk, d = 2, 64, 2, 128
+    page, new = kw.pop("page", None), kw.pop("new", True)
+    table, unaligned = kw.pop("table", None), kw.pop("unaligned", False)
+    q = torch.randn(b, 1, 8, d, device="cuda", dtype=torch.bfloat16)
+    if page is None:
+        kc = torch.randn(b + 1, sc, hk, d + (8 if unaligned else 0), device="cuda",
+                         dtype=torch.bfloat16)
+        if unaligned:  # rows of 136 elements, sliced to 128 at an offset of 4: a misaligned base
+            kc = kc[..., 4:4 + d]
+        bt = None
+    else:
+        kc = torch.randn(8, page, hk, d, device="cuda", dtype=torch.bfloat16)
+        bt = {None: _i32c(0, 1, 2, 3, 4, 5, 6, 7).view(2, 4),
+              "OVER": _i32c(0, 1, 2, 3, 4, 5, 6, 8).view(2, 4),
+              "NEG": _i32c(0, 1, 2, 3, 4, -1, 6, 7).view(2, 4),
+              "FEW": _i32c(0, 1, 2, 3).view(2, 2)}[table]
+    vc = torch.randn_like(kc)
+    seqlens = _i32c(10, 60)
+    spec = kw.pop("cache_seqlens", None)
+    if spec is not None:
+        seqlens = {"OVER_NEW": _i32c(10, 64), "OVER": _i32c(10, 65), "NEG": _i32c(10, -1)}.get(
+            spec, spec)
+    if "cache_batch_idx" in kw:
+        kw["cache_batch_idx"] = {"OVER": _i32c(0, b + 1), "NEG": _i32c(-1, 0)}[kw["cache_batch_idx"]]
+    if "cache_leftpad" in kw:
+        kw["cache_leftpad"] = {"OVER": _i32c(0, 61), "NEG": _i32c(-1, 0)}[kw["cache_leftpad"]]
+    kn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.bfloat16) if new else None
+    before = kc.clone(), vc.clone()
+    with pytest.raises((ValueError, TypeError), match=rf"\b{name}\b"):
+        flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens, block_table=bt, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1]), "a rejected call wrote the cache"
+    # a valid call afterwards works, in the same process
+    kc_ok = torch.randn(b, sc, hk, d, device="cuda", dtype=torch.bfloat16)
+    out = flash_attn_with_kvcache(q, kc_ok, kc_ok.clone(), kn, kn,
+                                  cache_seqlens=_i32c(10, 20) if new else None)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+
+
+VARLEN_BAD_GPU = [
+    ("cu_seqlens_q starts at 1", dict(cu_q=[1, 50, 120]), "cu_seqlens_q"),
+    ("cu_seqlens_q decreasing", dict(cu_q=[0, 50, 40]), "cu_seqlens_q"),
+    ("cu_seqlens_k past the end", dict(cu_k=[0, 50, 121]), "cu_seqlens_k"),
+    ("cu_seqlens_k negative", dict(cu_k=[0, -5, 120]), "cu_seqlens_k"),
+    ("max_seqlen_q 0 with sequences", dict(max_q=0), "max_seqlen_q"),
+    ("max_seqlen_k below the longest", dict(max_k=60), "max_seqlen_k"),
+    ("max_seqlen_q 2**31", dict(max_q=2**31), "max_seqlen_q"),
+]
+
+
+@pytest.mark.parametrize("case, kw, name", VARLEN_BAD_GPU, ids=[c[0].replace(" ", "-") for c in VARLEN_BAD_GPU])
+def test_varlen_bad_values_raise(case, kw, name):
+    require_config(torch.bfloat16, 64)
+    q, k = [torch.randn(120, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2)]
+    cu_q = torch.tensor(kw.get("cu_q", [0, 50, 120]), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor(kw.get("cu_k", [0, 50, 120]), dtype=torch.int32, device="cuda")
+    max_q, max_k = kw.get("max_q", 70), kw.get("max_k", 70)
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        flash_attn_varlen_func(q, k, k, cu_q, cu_k, max_q, max_k)
+    from flash_attn.flash_attn_interface import _flash_attn_varlen_forward
+
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        _flash_attn_varlen_forward(q.detach(), k.detach(), k.detach(), cu_q, cu_k, max_q, max_k,
+                                   0.0, 0.125, False)
+    torch.cuda.synchronize()
+    good = cu_from([50, 70])
+    out = flash_attn_varlen_func(q, k, k, good, good, 70, 70, causal=True)
+    torch.autograd.grad(out, (q, k), torch.randn_like(out))
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+
+
+def test_value_checks_skipped_under_cuda_graph_capture():
+    """Strict checks on: under CUDA-graph capture the value checks (a host sync) are skipped,
+    so capture works; replay matches the eager result."""
+    require_config(torch.bfloat16, 128)
+    import flash_attn
+
+    assert flash_attn.strict_checks_enabled()
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    kn = torch.randn(2, 1, 2, 128, device="cuda", dtype=torch.bfloat16)
+    seqlens = _i32c(10, 20)
+    cu = cu_from([50, 70])
+    qv, kv = [torch.randn(120, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    kc_eager, vc_eager = kc.clone(), vc.clone()
+    ref = flash_attn_with_kvcache(q, kc_eager, vc_eager, kn, kn, cache_seqlens=seqlens)
+    ref_v = flash_attn_varlen_func(qv, kv, kv, cu, cu, 70, 70, causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside capture (allocations, lazy init)
+        flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, kn, cache_seqlens=seqlens)
+        flash_attn_varlen_func(qv, kv, kv, cu, cu, 70, 70, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens)
+        out_v = flash_attn_varlen_func(qv, kv, kv, cu, cu, 70, 70, causal=True)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref) and torch.equal(out_v, ref_v)
+    assert torch.equal(kc, kc_eager) and torch.equal(vc, vc_eager)
+
+
+def test_strict_checks_off_skips_the_sync(monkeypatch):
+    """set_strict_checks(False): valid calls do not copy index values to the host."""
+    require_config(torch.bfloat16, 128)
+    import flash_attn
+    from flash_attn import _checks
+
+    calls = []
+    real = _checks._to_host
+    monkeypatch.setattr(_checks, "_to_host", lambda parts: calls.append(1) or real(parts))
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    seqlens = _i32c(10, 20)
+    flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=seqlens)
+    assert calls == [1]
+    prev = flash_attn.set_strict_checks(False)
+    try:
+        flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=seqlens)
+        cu = cu_from([1, 1])
+        flash_attn_varlen_func(q[:, 0], kc[:, 0, :, :], kc[:, 0, :, :], cu, cu, 1, 1)
+    finally:
+        flash_attn.set_strict_checks(prev)
+    assert calls == [1]

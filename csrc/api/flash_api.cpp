@@ -700,8 +700,12 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     const int64_t b = cu_seqlens_q.size(0) - 1;
     cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
     cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
-    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "flash_attn: max_seqlen_q and max_seqlen_k must be >= 0, got ",
-                max_seqlen_q, " and ", max_seqlen_k);
+    // Narrowed to int below, and rounded up to a multiple of 128 there.
+    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
+    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
+                    max_seqlen_k <= max_seqlen_limit,
+                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
+                " and ", max_seqlen_k);
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
@@ -797,6 +801,12 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     const int64_t b = cu_seqlens_q.size(0) - 1;
     cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
     cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    // Narrowed to int below, and rounded up to a multiple of 128 there.
+    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
+    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
+                    max_seqlen_k <= max_seqlen_limit,
+                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
+                " and ", max_seqlen_k);
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), total_k = k.size(0), h_k = k.size(1);
     FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
@@ -969,7 +979,8 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
                 kMaxHeadDim, " here (the Python layer pads), got ", d);
     FLASH_CHECK(h_k > 0 && h % h_k == 0, "flash_attn: nheads (", h, ") must be divisible by nheads_k (", h_k, ")");
-    FLASH_CHECK(num_splits >= 0, "flash_attn: num_splits must be >= 0, got ", num_splits);
+    FLASH_CHECK(num_splits >= 0 && num_splits <= std::numeric_limits<int>::max(),
+                "flash_attn: num_splits must be in [0, ", std::numeric_limits<int>::max(), "], got ", num_splits);
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q);
     FLASH_CHECK(is_aligned(k_cache) && is_aligned(v_cache),
