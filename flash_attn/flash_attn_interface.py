@@ -13,7 +13,6 @@ against upstream runs unchanged, including dropout, sliding-window attention, so
 ALiBi and the deterministic backward (all computed in the kernels).
 """
 
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -453,10 +452,9 @@ else:
 def _eager_direct(q):
     """Eager CUDA calls skip the custom-op dispatch (as flash_attn_with_kvcache does): the
     autograd Function already handles autograd, and the dispatch costs tens of microseconds per
-    call, which shows at short sequences and in windowed calls. Under torch.compile, on meta /
-    fake tensors, and with FLASH_ATTN_EAGER_OP=1 (A/B) the registered ops run instead."""
-    return (q.device.type == "cuda" and not _is_compiling()
-            and os.environ.get("FLASH_ATTN_EAGER_OP", "0") != "1")
+    call, which shows at short sequences and in windowed calls. Under torch.compile and on meta /
+    fake tensors the registered ops run instead."""
+    return q.device.type == "cuda" and not _is_compiling()
 
 
 def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
