@@ -106,7 +106,8 @@ def _extensions():
     head_dims = _env_list("FLASH_ATTN_HEAD_DIMS", ALL_HEAD_DIMS, ALL_HEAD_DIMS, int)
     dtypes = _env_list("FLASH_ATTN_DTYPES", ALL_DTYPES, ALL_DTYPES)
 
-    sources = ["csrc/api/flash_api.cpp", "csrc/dispatch/flash_dispatch.cpp", "csrc/api/flash_varlen_util.cu"]
+    sources = ["csrc/api/params.cpp", "csrc/api/dense.cpp", "csrc/api/varlen.cpp", "csrc/api/kvcache.cpp",
+               "csrc/api/module.cpp", "csrc/dispatch/flash_dispatch.cpp", "csrc/api/flash_varlen_util.cu"]
     defines = []
     for dt in dtypes:
         for d in head_dims:

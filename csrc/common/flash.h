@@ -108,11 +108,11 @@ struct FwdParams : QKVParams {
     // CTA-schedule kernel instead of the sm_90a one (set by the binding).
     bool decode_paged_cta;
     // Warp-specialised forward, plain variant: one CTA per SM walking the tiles: kFwdWsPersistentOff
-    // / On (wherever the kernel is compiled) / Auto (the default, fwd_ws_use_persistent below; the
+    // / On (wherever the kernel is compiled) / Auto (the default, fwd_ws_use_persistent in heuristics.h; the
     // others through set_debug_kernel, for tests).
     int fwd_ws_persistent;
     // Warp-specialised forward at head-dim tile 64, plain calls: query rows per tile, 0 = auto
-    // (fwd_ws_d64_m128 below), 128 or 192 (set_debug_kernel, for tests).
+    // (fwd_ws_d64_m128 in heuristics.h), 128 or 192 (set_debug_kernel, for tests).
     int fwd_ws_d64_rows;
     // Warp-specialised forward, dense calls: each consumer warpgroup writes its O tile with one
     // TMA store from shared memory (off only through set_debug_kernel: the 16-byte per-thread
@@ -140,30 +140,10 @@ inline bool has_features(const FwdParams &p) {
 }
 
 constexpr int kFwdWsPersistentOff = 0, kFwdWsPersistentOn = 1, kFwdWsPersistentAuto = 2;
-// The persistent WS forward (plain calls; compiled for head-dim tiles 64 and 128) where it was
-// measured faster (H200, bf16, 16k tokens, session
-// 22): tiles 64 / 128 up to 8k keys, +11-23% at 512, +3-7% at 1-2k, +-1% at 4-8k; 0.98-0.99x at
-// 16k and at d256 (no room for O's own buffer there), which keep one CTA per tile.
-inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
-    if (p.fwd_ws_persistent == kFwdWsPersistentOn) return true;
-    return p.fwd_ws_persistent == kFwdWsPersistentAuto && head_dim_tile <= 128 && p.seqlen_k <= 8192;
-}
 
 // A window side that never masks anything (large, yet safe to add to row indices).
 constexpr int kWindowUnbounded = 1 << 29;
 
-// The d64 WS forward on 128 x 128 tiles with 2 consumer warpgroups instead of 192 x 128 with 3:
-// causal calls with at most 1024 queries and keys (varlen: the longest sequence), and sliding
-// windows of at most 512 + 1 keys, whose 192-row tiles are mostly diagonal (masked) work. H200,
-// bf16, 16k tokens : causal +8-9% at 512, +6-11% at 1k, -10% at 1.5k, -4..-6% at 2k;
-// windows (256, 0) +7%, (512, 0) +2%, (256, 256) +1%, (1024, 0) -5%; without a mask -2..-5%.
-inline bool fwd_ws_d64_m128(const FwdParams &p) {
-    if (p.fwd_ws_d64_rows != 0) return p.fwd_ws_d64_rows == 128;
-    const bool causal = p.window_right == 0 && p.window_left >= kWindowUnbounded;
-    const bool narrow_window = p.window_left < kWindowUnbounded && p.window_right < kWindowUnbounded &&
-                               p.window_left + p.window_right <= 512;
-    return (causal && p.seqlen_q <= 1024 && p.seqlen_k <= 1024) || narrow_window;
-}
 
 // Shared memory of the d = 128 split-KV kernel's wide shape (SplitKVWideTraits): Q (16 x 128) and
 // 8 warps x 3 stages x 16 keys of K and V, 16-bit elements.

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "common/flash.h"
+#include "common/heuristics.h"
 #include "dispatch/flash_fwd_launch.h"  // the declaration of run_mha_fwd_ws_sm90
 #include "common/launch_check.h"
 #include "sm90/flash_fwd_ws_kernel_sm90.h"

@@ -1,0 +1,135 @@
+// The binding's shared pieces: error macros, tensor checks, the params setters and workspace
+// allocation used by the dense, varlen and KV-cache entry points (dense.cpp, varlen.cpp, kvcache.cpp),
+// and the test-only kernel overrides. The one part of csrc that includes torch.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/flash.h"
+
+namespace flash::api {
+
+// User-facing errors are std::invalid_argument / std::runtime_error (pybind11 turns them into
+// ValueError / RuntimeError). TORCH_CHECK's c10::Error was seen to crash the process when thrown
+// from this extension under torch 2.11 on the H200 machine (after the first one), so it is avoided.
+template <typename... Args>
+std::string concat(const Args &...args) {
+    std::ostringstream ss;
+    (ss << ... << args);
+    return ss.str();
+}
+#define FLASH_CHECK(cond, ...) \
+    do { if (!(cond)) throw std::invalid_argument(concat(__VA_ARGS__)); } while (0)
+#define FLASH_CHECK_RUNTIME(cond, ...) \
+    do { if (!(cond)) throw std::runtime_error(concat(__VA_ARGS__)); } while (0)
+
+constexpr int kMaxHeadDim = 256;
+// Whether the sm_90a (wgmma) kernels may run; tests and benchmarks switch them off to exercise
+// and compare the SM80-class path on the same GPU.
+extern bool g_sm90_enabled;
+
+// A device attribute, read once per (attribute slot, device); `fallback` when the query fails.
+template <cudaDeviceAttr kAttr>
+inline int cached_device_attribute(int device, int fallback) {
+    static int cache[64] = {0};
+    if (device < 0 || device >= 64) return fallback;
+    if (cache[device] == 0) {
+        int n = 0;
+        cudaDeviceGetAttribute(&n, kAttr, device);
+        cache[device] = n > 0 ? n : fallback;
+    }
+    return cache[device];
+}
+
+inline int num_sms(int device) { return cached_device_attribute<cudaDevAttrMultiProcessorCount>(device, 132); }
+
+// Opt-in shared memory per block (227 KB on H100 / H200, 163 KB on A100); 1 when unknown.
+inline int max_smem_per_block(int device) {
+    return cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device, 1);
+}
+
+std::string set_debug_kernel(const std::string &name, int64_t value);
+int round_up(int x, int m);
+const char *dtype_name(bool is_bf16);
+void check_tensor(const at::Tensor &t, const char *name, const at::Tensor &ref);
+bool is_aligned(const at::Tensor &t);
+at::Tensor aligned(const at::Tensor &t);
+at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *name, at::IntArrayRef shape,
+                         const at::Tensor &like);
+void copy_back(const std::optional<at::Tensor> &given, const at::Tensor &computed);
+void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+             const at::Tensor &out, const at::Tensor &lse, double softmax_scale, bool is_causal);
+bool fwd_zero_fill(bool paged);
+at::Tensor new_rng_buffer(const at::Tensor &q, bool zero_fill);
+int *stream_tile_counter(const at::Tensor &on_device);
+void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen);
+void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen);
+void set_backward_switches(flash::BwdParams &params);
+void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right);
+void set_softcap(flash::FwdParams &p, double softmax_scale, double softcap);
+void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q, int64_t b,
+               int64_t h);
+void check_dropout(double p_dropout, double softcap);
+void set_dropout_rates(flash::FwdParams &p, double p_dropout);
+uint64_t philox_increment(int64_t seqlen_k);
+void set_dropout_fwd(flash::FwdParams &p, double p_dropout, int64_t seqlen_k, const at::Tensor &q,
+                     const at::Tensor &rng_state, const at::Tensor &s_dmask, bool return_softmax);
+void check_rng_state(double p_dropout, const std::optional<at::Tensor> &rng_state, const at::Tensor &q);
+void set_dropout_bwd(flash::BwdParams &p, double p_dropout, const std::optional<at::Tensor> &rng_state);
+int sm90_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device);
+int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max_seqlen_k, int device);
+bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen);
+int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k);
+int ws_det_head_group(const flash::BwdParams &p);
+at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<int64_t> shape, int64_t b, int64_t h,
+                         int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore,
+                         bool varlen);
+void check_built_and_launched(bool found, bool is_bf16, int d, int tile);
+void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
+at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q);
+
+// The entry points (dense.cpp, varlen.cpp, kvcache.cpp); their arguments are documented at the
+// pybind11 definitions (module.cpp) and in flash_attn/flash_attn_interface.py.
+std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
+                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                bool return_softmax);
+std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
+                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
+                                bool deterministic, int64_t window_left, int64_t window_right, double softcap,
+                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                std::optional<at::Tensor> rng_state);
+std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                       std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                       std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       bool return_softmax);
+std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
+                                       std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
+                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                       bool deterministic, int64_t window_left, int64_t window_right,
+                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       std::optional<at::Tensor> rng_state);
+std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                        std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                        std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
+                                        double softmax_scale, bool is_causal, int64_t window_left,
+                                        int64_t window_right, int64_t num_splits, double softcap,
+                                        std::optional<at::Tensor> alibi_slopes);
+
+}  // namespace flash::api

@@ -1,0 +1,122 @@
+// Dense entry points: mha_fwd / mha_bwd, q (b, seqlen_q, h, d), k / v (b, seqlen_k, h_k, d).
+#include "api/binding.h"
+
+namespace flash::api {
+
+// Returns {out, softmax_lse, S_dmask, rng_state}. S_dmask is empty unless return_softmax (which needs
+// dropout); rng_state is (seed, offset) of the dropout mask, zeros without dropout.
+std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
+                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                bool return_softmax) {
+    check_qkv_shapes(q, k, v);
+    check_dropout(p_dropout, softcap);
+    FLASH_CHECK(!return_softmax || p_dropout > 0.0,
+                "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
+    c10::cuda::CUDAGuard device_guard(q.device());
+    q = aligned(q), k = aligned(k), v = aligned(v);
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
+    at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
+    at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
+    // Zeros without dropout (upstream leaves it uninitialised; zeros keep the op's outputs
+    // deterministic, which torch.library.opcheck checks): the kernel writes them, or a per-call
+    // zero fill (fwd_zero_fill).
+    const bool zero_fill = fwd_zero_fill(/*paged=*/false);
+    at::Tensor rng_buffer = new_rng_buffer(q, zero_fill);
+    at::Tensor rng_state = rng_buffer.narrow(0, 0, 2);
+    // Testing only: entries of blocks the kernel skips (outside the mask) stay 0.
+    at::Tensor s_dmask = return_softmax ? at::zeros({b, h, round_up(sq, 128), round_up(sk, 128)}, q.options())
+                                        : at::empty({0}, q.options());
+    if (!zero_fill && (b == 0 || sq == 0 || h == 0 || sk == 0)) rng_state.zero_();  // no forward kernel below
+    if (b == 0 || sq == 0 || h == 0) return {out, lse, s_dmask, rng_state};
+    if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf (as a fully masked row)
+        out.zero_();
+        lse.fill_(std::numeric_limits<float>::infinity());
+        copy_back(out_, out);
+        return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
+    }
+
+    flash::FwdParams params{};
+    set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
+    set_window(params, is_causal, window_left, window_right);
+    set_softcap(params, softmax_scale, softcap);
+    set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+    params.rng_state_ptr = rng_state.data_ptr<int64_t>();
+    if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
+    set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/false);
+    const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
+    check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+    copy_back(out_, out);
+    return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
+}
+
+std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
+                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
+                                bool deterministic, int64_t window_left, int64_t window_right, double softcap,
+                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                std::optional<at::Tensor> rng_state) {
+    check_qkv_shapes(q, k, v);
+    check_dropout(p_dropout, softcap);
+    check_rng_state(p_dropout, rng_state, q);
+    check_tensor(out, "out", q);
+    check_tensor(dout, "dout", q);
+    FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
+                q.sizes());
+    c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), h_k = k.size(2);
+    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
+                    softmax_lse.sizes() == at::IntArrayRef({b, h, sq}),
+                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (batch, nheads, seqlen_q)");
+    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
+    softmax_lse = softmax_lse.contiguous();
+
+    at::Tensor dq = output_or_new(dq_, "dq", q.sizes(), q);
+    at::Tensor dk = output_or_new(dk_, "dk", k.sizes(), k);
+    at::Tensor dv = output_or_new(dv_, "dv", v.sizes(), v);
+    const int seqlen_q_rounded = round_up(static_cast<int>(sq), 128);
+    at::Tensor softmax_d = at::empty({b, h, seqlen_q_rounded}, q.options().dtype(at::kFloat));
+    if (b == 0 || h == 0 || sq == 0 || sk == 0) {
+        dq.zero_(), dk.zero_(), dv.zero_();
+    } else {
+        // MQA/GQA: per-query-head dK/dV, summed over each group afterwards.
+        at::Tensor dk_expanded = h_k == h ? dk : at::empty({b, sk, h, d}, q.options());
+        at::Tensor dv_expanded = h_k == h ? dv : at::empty({b, sk, h, d}, q.options());
+        const int tile = flash::head_dim_tile(static_cast<int>(d));
+
+        flash::BwdParams params{};
+        set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
+        set_window(params, is_causal, window_left, window_right);
+        set_softcap(params, softmax_scale, softcap);
+        set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+        set_dropout_bwd(params, p_dropout, rng_state);
+        at::Tensor dq_semaphore;
+        const at::Tensor dq_accum = make_dq_accum(params, deterministic, {b, h, seqlen_q_rounded, tile}, b, h, sk,
+                                                  seqlen_q_rounded, q, dq_semaphore, /*varlen=*/false);
+        params.do_ptr = dout.data_ptr();
+        params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
+        params.do_head_stride = dout.stride(2);
+        params.dq_ptr = dq.data_ptr();
+        params.dq_batch_stride = dq.stride(0), params.dq_row_stride = dq.stride(1), params.dq_head_stride = dq.stride(2);
+        params.dk_ptr = dk_expanded.data_ptr();
+        params.dk_batch_stride = dk_expanded.stride(0), params.dk_row_stride = dk_expanded.stride(1);
+        params.dk_head_stride = dk_expanded.stride(2);
+        params.dv_ptr = dv_expanded.data_ptr();
+        params.dv_batch_stride = dv_expanded.stride(0), params.dv_row_stride = dv_expanded.stride(1);
+        params.dv_head_stride = dv_expanded.stride(2);
+        params.softmax_d_ptr = softmax_d.data_ptr<float>();
+        params.seqlen_q_rounded = seqlen_q_rounded;
+        set_backward_switches(params);
+        const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
+        check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+        if (h_k != h) {
+            at::sum_out(dk, dk_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
+            at::sum_out(dv, dv_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
+        }
+    }
+    copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
+    return {dq_.has_value() ? dq_.value() : dq, dk_.has_value() ? dk_.value() : dk,
+            dv_.has_value() ? dv_.value() : dv, softmax_d};
+}
+
+}  // namespace flash::api

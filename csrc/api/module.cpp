@@ -1,0 +1,65 @@
+// The extension module flash_attn._C: the entry points and the build / test queries.
+#include "api/binding.h"
+
+namespace flash::api {
+
+std::vector<std::tuple<std::string, int>> built_configs() {
+    std::vector<std::tuple<std::string, int>> configs;
+    for (bool is_bf16 : {false, true}) {
+        for (int tile : {32, 64, 96, 128, 192, 256}) {
+            if (flash::is_built(is_bf16, tile)) configs.emplace_back(dtype_name(is_bf16), tile);
+        }
+    }
+    return configs;
+}
+
+}  // namespace flash::api
+
+using namespace flash::api;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "flash_attn CUDA kernels";
+    m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
+          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false);
+    m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
+          py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
+          py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
+    m.def("varlen_fwd", &mha_varlen_fwd, "Attention forward, variable-length batch", py::arg("q"), py::arg("k"),
+          py::arg("v"), py::arg("out"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("seqused_k"),
+          py::arg("leftpad_k"), py::arg("block_table"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
+          py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"), py::arg("window_size_left") = -1,
+          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false);
+    m.def("varlen_bwd", &mha_varlen_bwd, "Attention backward, variable-length batch", py::arg("dout"), py::arg("q"),
+          py::arg("k"), py::arg("v"), py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"),
+          py::arg("dv"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
+          py::arg("max_seqlen_k"), py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"),
+          py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1,
+          py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0,
+          py::arg("rng_state") = py::none());
+    m.def("fwd_kvcache", &mha_fwd_kvcache, "Attention over a (paged) KV cache, split-KV for decoding", py::arg("q"),
+          py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
+          py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
+          py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
+          py::arg("alibi_slopes") = py::none());
+    m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
+    m.def("set_debug_kernel", &set_debug_kernel,
+          "Testing only: force a kernel choice that the heuristics make for other calls; value 0 restores "
+          "the heuristics. 'fwd_ws_d64_rows': 128 or 192; 'fwd_ws_persistent': 1 always, 2 never; "
+          "'fwd_tma_o_off', 'fwd_zero_fill', 'bwd_lockstep': 1. Returns '' or what is wrong.",
+          py::arg("name"), py::arg("value"));
+    m.def("set_sm90_kernels", [](bool enabled) { g_sm90_enabled = enabled; },
+          "Allow (True, the default) or forbid the sm_90a wgmma kernels");
+    m.def("sm90_kernels_built", []() {
+#ifdef FLASH_ATTN_SM90A
+        return true;
+#else
+        return false;
+#endif
+    }, "Whether this build contains sm_90a kernels");
+    m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
+}

@@ -1,0 +1,277 @@
+// Variable-length entry points: mha_varlen_fwd / mha_varlen_bwd.
+#include "api/binding.h"
+
+namespace flash::api {
+
+// ---------------------------------------------------------------------------------------------
+// Variable-length batches: q (total_q, h, d), k/v (total_k, h_k, d) or paged
+// (num_blocks, page_block_size, h_k, d), cu_seqlens int32 (b + 1). The grid uses the max lengths.
+// ---------------------------------------------------------------------------------------------
+
+void check_varlen_tensor(const at::Tensor &t, const char *name, const at::Tensor &ref, int dims, const char *shape) {
+    FLASH_CHECK(t.is_cuda(), "flash_attn: ", name, " must be a CUDA tensor, got device ", t.device());
+    FLASH_CHECK(t.device() == ref.device(), "flash_attn: ", name, " is on ", t.device(), " but q is on ", ref.device());
+    FLASH_CHECK(t.scalar_type() == ref.scalar_type(), "flash_attn: ", name, " has dtype ", t.scalar_type(),
+                " but q has dtype ", ref.scalar_type());
+    FLASH_CHECK(t.dim() == dims, "flash_attn: ", name, " must have shape ", shape, ", got ", t.sizes());
+    FLASH_CHECK(t.stride(-1) == 1 || t.size(-1) == 1, "flash_attn: ", name,
+                " must have a contiguous last dimension, got strides ", t.strides());
+}
+
+// An int32 CUDA vector of n elements on q's device (cu_seqlens, seqused_k, leftpad_k, ...).
+
+void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool paged) {
+    FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
+                "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
+    check_varlen_tensor(q, "q", q, 3, "(total_q, nheads, headdim)");
+    const char *kv_shape = paged ? "(num_blocks, page_block_size, nheads_k, headdim)" : "(total_k, nheads_k, headdim)";
+    check_varlen_tensor(k, "k", q, paged ? 4 : 3, kv_shape);
+    check_varlen_tensor(v, "v", q, paged ? 4 : 3, kv_shape);
+    FLASH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
+                v.sizes());
+    const int64_t d = q.size(2);
+    FLASH_CHECK(k.size(-1) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(-1));
+    FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
+                kMaxHeadDim, " here (the Python layer pads), got ", d);
+    const int64_t h_k = k.size(-2);
+    FLASH_CHECK(h_k > 0 && q.size(1) % h_k == 0, "flash_attn: nheads (", q.size(1), ") must be divisible by nheads_k (",
+                h_k, ")");
+}
+
+// Fills the varlen fields of params (the strides of (total, h, d) tensors: row = dim 0).
+void set_varlen_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                    const at::Tensor &out, const at::Tensor &lse, const at::Tensor &cu_q, const at::Tensor &cu_k,
+                    int64_t b, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool is_causal) {
+    p = {};
+    p.q_ptr = q.data_ptr();
+    p.k_ptr = k.data_ptr();
+    p.v_ptr = v.data_ptr();
+    p.q_batch_stride = 0, p.q_row_stride = q.stride(0), p.q_head_stride = q.stride(1);
+    p.k_row_stride = k.stride(-3), p.k_head_stride = k.stride(-2);
+    p.v_row_stride = v.stride(-3), p.v_head_stride = v.stride(-2);
+    // Paged: the batch strides are the page strides.
+    p.k_batch_stride = k.dim() == 4 ? k.stride(0) : 0;
+    p.v_batch_stride = v.dim() == 4 ? v.stride(0) : 0;
+    p.o_ptr = out.data_ptr();
+    p.o_batch_stride = 0, p.o_row_stride = out.stride(0), p.o_head_stride = out.stride(1);
+    p.softmax_lse_ptr = lse.data_ptr<float>();
+    p.lse_batch_stride = 0, p.lse_head_stride = lse.stride(0);
+    p.b = static_cast<int>(b);
+    p.seqlen_q = static_cast<int>(max_seqlen_q);
+    p.seqlen_k = static_cast<int>(max_seqlen_k);
+    p.h = q.size(1);
+    p.h_k = k.size(-2);
+    p.h_h_k_ratio = p.h / p.h_k;
+    p.d = q.size(2);
+    p.head_dim_tile = flash::head_dim_tile(p.d);
+    p.scale_softmax = static_cast<float>(softmax_scale);
+    p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
+    p.cu_seqlens_q = cu_q.data_ptr<int>();
+    p.cu_seqlens_k = cu_k.data_ptr<int>();
+    p.window_left = flash::kWindowUnbounded;
+    p.window_right = is_causal ? 0 : flash::kWindowUnbounded;
+    p.is_bf16 = q.scalar_type() == at::kBFloat16;
+    p.use_sm90 = g_sm90_enabled && flash::device_sm(q.get_device()) == 90;
+    p.num_splits = 1;
+    p.total_q = static_cast<int>(q.size(0));
+}
+
+// Rows of a (total, h, d) tensor past cu_seqlens[b] get zeros (and +inf in lse, if given).
+static void zero_tail(const at::Tensor &t, const at::Tensor &cu_seqlens, int64_t b, float *lse = nullptr,
+               int64_t lse_head_stride = 0) {
+    flash::zero_varlen_tail(t.data_ptr(), t.stride(0), t.stride(1), t.size(1), t.size(2), t.element_size(),
+                            t.size(0), cu_seqlens.data_ptr<int>(), b, lse, lse_head_stride,
+                            c10::cuda::getCurrentCUDAStream().stream());
+}
+
+std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                       std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                       std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       bool return_softmax) {
+    const bool paged = block_table_.has_value();
+    check_varlen_qkv(q, k, v, paged);
+    check_dropout(p_dropout, softcap);
+    FLASH_CHECK(!return_softmax || p_dropout > 0.0,
+                "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
+    FLASH_CHECK(!paged || p_dropout == 0.0,
+                "flash_attn: dropout (dropout_p > 0) is not supported with block_table (paged KV)");
+    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
+                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
+    const int64_t b = cu_seqlens_q.size(0) - 1;
+    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
+    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    // Narrowed to int below, and rounded up to a multiple of 128 there.
+    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
+    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
+                    max_seqlen_k <= max_seqlen_limit,
+                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
+                " and ", max_seqlen_k);
+    c10::cuda::CUDAGuard device_guard(q.device());
+    q = aligned(q), k = aligned(k), v = aligned(v);
+    const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
+    at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
+    at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
+    // Zeros without dropout, as in mha_fwd.
+    const bool zero_fill = fwd_zero_fill(paged);
+    at::Tensor rng_buffer = new_rng_buffer(q, zero_fill);
+    at::Tensor rng_state = rng_buffer.narrow(0, 0, 2);
+    // Testing only: (b, h, round128(max_seqlen_q), round128(max_seqlen_k)); row i / column j of
+    // sequence b's own block; entries the kernel skips stay 0.
+    at::Tensor s_dmask = return_softmax
+        ? at::zeros({b, h, round_up(static_cast<int>(max_seqlen_q), 128), round_up(static_cast<int>(max_seqlen_k), 128)},
+                    q.options())
+        : at::empty({0}, q.options());
+    if (zero_tensors) {
+        out.zero_();
+        lse.fill_(-std::numeric_limits<float>::infinity());
+    }
+    if (b == 0 || total_q == 0 || h == 0 || max_seqlen_q == 0 || max_seqlen_k == 0) {
+        // Nothing to attend to (also keeps every grid dimension non-zero below).
+        out.zero_();
+        lse.fill_(std::numeric_limits<float>::infinity());
+        if (!zero_fill) rng_state.zero_();  // no forward kernel below
+        copy_back(out_, out);
+        return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
+    }
+
+    flash::FwdParams params{};
+    set_varlen_qkv(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, is_causal);
+    set_window(params, is_causal, window_left, window_right);
+    set_softcap(params, softmax_scale, softcap);
+    set_alibi(params, alibi_slopes, q, b, h);
+    params.rng_state_ptr = rng_state.data_ptr<int64_t>();
+    if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
+    at::Tensor seqused_k, leftpad_k, block_table;
+    if (seqused_k_.has_value()) {
+        seqused_k = checked_int_vector(seqused_k_.value(), "seqused_k", b, q);
+        params.seqused_k = seqused_k.data_ptr<int>();
+    }
+    if (leftpad_k_.has_value()) {
+        leftpad_k = checked_int_vector(leftpad_k_.value(), "leftpad_k", b, q);
+        params.leftpad_k = leftpad_k.data_ptr<int>();
+    }
+    bool found;
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    if (paged) {
+        block_table = block_table_.value();
+        FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
+                        block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b,
+                    "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq)"
+                    " on q's device, got ", block_table.scalar_type(), " ", block_table.sizes());
+        FLASH_CHECK(block_table.stride(-1) == 1, "flash_attn: block_table must have a contiguous last dimension");
+        const int64_t page = k.size(1);
+        FLASH_CHECK(page % 16 == 0, "flash_attn: paged KV needs page_block_size (k.shape[1]) to be a multiple of 16, got ",
+                    page);
+        // The key range of a sequence is addressed through its pages, not through cu_seqlens_k.
+        params.block_table = block_table.data_ptr<int>();
+        params.block_table_batch_stride = block_table.stride(0);
+        params.page_block_size = static_cast<int>(page);
+        params.num_splits = 1;
+        found = flash::run_mha_fwd_splitkv(params, stream);
+    } else {
+        params.total_k = static_cast<int>(k.size(0));
+        set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/true);
+        found = flash::run_mha_fwd(params, stream);
+    }
+    check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+    zero_tail(out, cu_seqlens_q, b, lse.data_ptr<float>(), lse.stride(0));
+    check_built_and_launched(true, params.is_bf16, d, params.head_dim_tile);
+    copy_back(out_, out);
+    return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
+}
+
+std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
+                                       std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
+                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
+                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                       bool deterministic, int64_t window_left, int64_t window_right,
+                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       std::optional<at::Tensor> rng_state) {
+    check_varlen_qkv(q, k, v, false);
+    check_dropout(p_dropout, softcap);
+    check_rng_state(p_dropout, rng_state, q);
+    check_varlen_tensor(out, "out", q, 3, "(total_q, nheads, headdim)");
+    check_varlen_tensor(dout, "dout", q, 3, "(total_q, nheads, headdim)");
+    FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
+                q.sizes());
+    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
+                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
+    const int64_t b = cu_seqlens_q.size(0) - 1;
+    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
+    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    // Narrowed to int below, and rounded up to a multiple of 128 there.
+    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
+    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
+                    max_seqlen_k <= max_seqlen_limit,
+                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
+                " and ", max_seqlen_k);
+    c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), total_k = k.size(0), h_k = k.size(1);
+    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
+                    softmax_lse.sizes() == at::IntArrayRef({h, total_q}),
+                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (nheads, total_q)");
+    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
+    softmax_lse = softmax_lse.contiguous();
+
+    at::Tensor dq = output_or_new(dq_, "dq", q.sizes(), q);
+    at::Tensor dk = output_or_new(dk_, "dk", k.sizes(), k);
+    at::Tensor dv = output_or_new(dv_, "dv", v.sizes(), v);
+    if (zero_tensors) dq.zero_(), dk.zero_(), dv.zero_();
+    const int accum_rows = static_cast<int>(total_q + 128 * b);
+    at::Tensor softmax_d = at::empty({h, accum_rows}, q.options().dtype(at::kFloat));
+    if (b == 0 || h == 0 || total_q == 0 || total_k == 0 || max_seqlen_q == 0 || max_seqlen_k == 0) {
+        dq.zero_(), dk.zero_(), dv.zero_();
+    } else {
+        at::Tensor dk_expanded = h_k == h ? dk : at::empty({total_k, h, d}, q.options());
+        at::Tensor dv_expanded = h_k == h ? dv : at::empty({total_k, h, d}, q.options());
+        const int tile = flash::head_dim_tile(static_cast<int>(d));
+
+        flash::BwdParams params{};
+        set_varlen_qkv(params, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
+                       softmax_scale, is_causal);
+        set_window(params, is_causal, window_left, window_right);
+        set_softcap(params, softmax_scale, softcap);
+        set_alibi(params, alibi_slopes, q, b, h);
+        set_dropout_bwd(params, p_dropout, rng_state);
+        // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
+        const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
+        at::Tensor dq_semaphore;
+        const at::Tensor dq_accum = make_dq_accum(params, deterministic, {h, accum_rows, tile}, b, h, max_seqlen_k,
+                                                  seqlen_q_rounded, q, dq_semaphore, /*varlen=*/true);
+        params.do_ptr = dout.data_ptr();
+        params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
+        params.dq_ptr = dq.data_ptr();
+        params.dq_batch_stride = 0, params.dq_row_stride = dq.stride(0), params.dq_head_stride = dq.stride(1);
+        params.dk_ptr = dk_expanded.data_ptr();
+        params.dk_batch_stride = 0, params.dk_row_stride = dk_expanded.stride(0);
+        params.dk_head_stride = dk_expanded.stride(1);
+        params.dv_ptr = dv_expanded.data_ptr();
+        params.dv_batch_stride = 0, params.dv_row_stride = dv_expanded.stride(0);
+        params.dv_head_stride = dv_expanded.stride(1);
+        params.softmax_d_ptr = softmax_d.data_ptr<float>();
+        params.seqlen_q_rounded = seqlen_q_rounded;
+        params.accum_rows = accum_rows;
+        set_backward_switches(params);
+        const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
+        check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+        zero_tail(dq, cu_seqlens_q, b);
+        zero_tail(dk_expanded, cu_seqlens_k, b);
+        zero_tail(dv_expanded, cu_seqlens_k, b);
+        check_built_and_launched(true, params.is_bf16, d, params.head_dim_tile);
+        if (h_k != h) {
+            at::sum_out(dk, dk_expanded.reshape({total_k, h_k, h / h_k, d}), {2});
+            at::sum_out(dv, dv_expanded.reshape({total_k, h_k, h / h_k, d}), {2});
+        }
+    }
+    copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
+    return {dq_.has_value() ? dq_.value() : dq, dk_.has_value() ? dk_.value() : dk,
+            dv_.has_value() ? dv_.value() : dv, softmax_d};
+}
+
+}  // namespace flash::api
