@@ -225,10 +225,11 @@ def build_plan(archs, archs_why, head_dims, dtypes, n_units, jobs, jobs_why):
     if archs_why in ("no-gpu", "unsupported-gpu"):
         what = "no GPU is visible" if archs_why == "no-gpu" else "the visible GPUs are not sm_80/86/89/90"
         n_all = len(kernel_sources(NO_GPU_ARCHS, ALL_HEAD_DIMS, ALL_DTYPES)[0])
+        cost = "1-2 hours" if n_units >= n_all else f"less than the full build's ({n_all} units) 1-2 hours"
         lines += [
             f"WARNING: {what} and FLASH_ATTN_CUDA_ARCHS is unset, so ALL archs "
-            f"({';'.join(NO_GPU_ARCHS)}) are being built: {n_units} units (all {n_all}, the "
-            f"default, take 1-2 hours on 2 cores, ~{GB_PER_JOB} GB of memory per compile job).",
+            f"({';'.join(NO_GPU_ARCHS)}) are being built: {n_units} units, {cost} on 2 cores "
+            f"(~{GB_PER_JOB} GB of memory per compile job).",
             f"WARNING: to build one configuration (minutes), set e.g. {ONE_CONFIG}",
         ]
     lines.append("to build less: FLASH_ATTN_CUDA_ARCHS (80;86;89;90), FLASH_ATTN_HEAD_DIMS "
