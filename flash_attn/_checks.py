@@ -310,8 +310,7 @@ def num_splits_arg(x):
 
 
 def _env_default():
-    return os.environ.get("FLASH_ATTN_STRICT_CHECKS", "1").strip().lower() not in (
-        "0", "false", "off", "no")
+    return os.environ.get("FLASH_ATTN_STRICT_CHECKS", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 _strict = _env_default()
@@ -319,8 +318,9 @@ _local = threading.local()
 
 
 def set_strict_checks(enabled):
-    """Turn the value checks of the index tensors on (the default) or off; returns the previous
-    setting.  The environment variable FLASH_ATTN_STRICT_CHECKS=0 sets the default to off.
+    """Turn the value checks of CUDA index tensors on or off (the default); returns the previous
+    setting.  The environment variable FLASH_ATTN_STRICT_CHECKS=1 sets the default to on.  Index
+    tensors on the CPU, and Python ints, are always checked.
 
     What is checked, before anything is launched or written (a rejected call changes nothing):
 
@@ -340,7 +340,10 @@ def set_strict_checks(enabled):
     finished the work queued so far, so the CPU can no longer run ahead of the GPU.  The
     backward of the varlen autograd Functions reuses the forward's check while cu_seqlens are
     unchanged (same tensor version), so training pays one synchronisation per forward call.
-    Index tensors on the CPU are checked for free.
+    Index tensors on the CPU are checked for free.  Measured on the H200 (bf16 d128 decode, 32 q /
+    8 kv heads, one query token): with the checks on, b16 x 4k reads 1748 GB/s instead of 3553 and
+    b16 x 32k 3741 instead of 4435 (a 16-token paged cache at 4k: 769 instead of 3431), which is
+    why they are off by default.
 
     The checks are skipped, whatever this setting, while the current CUDA stream is being
     captured into a CUDA graph (a synchronisation is not allowed there) and while torch.compile

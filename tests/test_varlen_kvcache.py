@@ -831,6 +831,16 @@ def test_kvcache_decode_paged_lengths(page, seqlen_cache, num_splits, leftpad):
 @pytest.mark.parametrize("mask", MASKS, ids=[m[0] for m in MASKS])
 def test_varlen_backward_m128(mode, mask):
     _run_varlen(torch.bfloat16, 64, 257, 300, mode, mask, 6, 2)
+@pytest.fixture
+def strict_checks():
+    """The value checks of CUDA index tensors on (flash_attn.set_strict_checks; off by default)."""
+    import flash_attn
+
+    prev = flash_attn.set_strict_checks(True)
+    yield
+    flash_attn.set_strict_checks(prev)
+
+
 # ---------------------------------------------------------------------------------------
 # softmax_scale of any sign; window_size forms; value checks that leave the caches unchanged
 # and the CUDA context usable (issue: bad values used to poison it).
@@ -911,7 +921,7 @@ KV_BAD_GPU = [
 
 
 @pytest.mark.parametrize("case, kw, name", KV_BAD_GPU, ids=[c[0].replace(" ", "-") for c in KV_BAD_GPU])
-def test_kvcache_bad_values_leave_caches_unchanged(case, kw, name):
+def test_kvcache_bad_values_leave_caches_unchanged(case, kw, name, strict_checks):
     """Each bad value raises naming the argument, before the in-place append; the caches are
     bit-identical afterwards and the process runs a valid call (the context is not poisoned)."""
     require_config(torch.bfloat16, 128)
@@ -968,7 +978,7 @@ VARLEN_BAD_GPU = [
 
 
 @pytest.mark.parametrize("case, kw, name", VARLEN_BAD_GPU, ids=[c[0].replace(" ", "-") for c in VARLEN_BAD_GPU])
-def test_varlen_bad_values_raise(case, kw, name):
+def test_varlen_bad_values_raise(case, kw, name, strict_checks):
     require_config(torch.bfloat16, 64)
     q, k = [torch.randn(120, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2)]
@@ -990,7 +1000,7 @@ def test_varlen_bad_values_raise(case, kw, name):
     assert torch.isfinite(out).all()
 
 
-def test_value_checks_skipped_under_cuda_graph_capture():
+def test_value_checks_skipped_under_cuda_graph_capture(strict_checks):
     """Strict checks on: under CUDA-graph capture the value checks (a host sync) are skipped,
     so capture works; replay matches the eager result."""
     require_config(torch.bfloat16, 128)
@@ -1023,7 +1033,7 @@ def test_value_checks_skipped_under_cuda_graph_capture():
     assert torch.equal(kc, kc_eager) and torch.equal(vc, vc_eager)
 
 
-def test_strict_checks_off_skips_the_sync(monkeypatch):
+def test_strict_checks_off_skips_the_sync(monkeypatch, strict_checks):
     """set_strict_checks(False): valid calls do not copy index values to the host."""
     require_config(torch.bfloat16, 128)
     import flash_attn
