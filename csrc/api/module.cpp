@@ -1,6 +1,8 @@
 // The extension module flash_attn._C: the entry points and the build / test queries.
 #include "api/binding.h"
 
+#include "common/heuristics.h"
+
 namespace flash::api {
 
 std::vector<std::tuple<std::string, int>> built_configs() {
@@ -62,4 +64,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
     }, "Whether this build contains sm_90a kernels");
     m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
+    // The size-dependent kernel choices of common/heuristics.h, for CPU unit tests.
+    m.def("heuristic_splitkv_splits", [](int ctas, int sms, int64_t max_seqlen_k, bool paged, bool one_cta_per_sm) {
+        return one_cta_per_sm ? flash::splitkv_heuristic_sm90(ctas, sms, max_seqlen_k)
+                              : flash::splitkv_heuristic(ctas, sms, max_seqlen_k, paged);
+    }, "Key splits of a split-KV call with `ctas` CTAs before splitting (one_cta_per_sm: the sm_90a decode kernel and "
+       "the d128 wide shape)", py::arg("ctas"), py::arg("sms"), py::arg("max_seqlen_k"), py::arg("paged"),
+          py::arg("one_cta_per_sm"));
+    m.def("heuristic_deterministic_splits", &flash::deterministic_splits,
+          "dq_accum slices per (b, h) of the sliced deterministic backward", py::arg("bh"), py::arg("n_blocks"),
+          py::arg("sms"));
+    m.def("heuristic_fwd_ws_choice", [](int head_dim_tile, int seqlen_q, int seqlen_k, int64_t window_left,
+                                        int64_t window_right) {
+        flash::FwdParams p{};
+        p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k;
+        p.window_left = window_left < 0 ? flash::kWindowUnbounded : static_cast<int>(window_left);
+        p.window_right = window_right < 0 ? flash::kWindowUnbounded : static_cast<int>(window_right);
+        p.fwd_ws_persistent = flash::kFwdWsPersistentAuto;
+        return std::make_tuple(flash::fwd_ws_use_persistent(p, head_dim_tile),
+                               head_dim_tile == 64 && flash::fwd_ws_d64_m128(p));
+    }, "(persistent kernel, d64 on 128-row tiles) for a plain warp-specialised forward (windows: -1 unbounded)",
+          py::arg("head_dim_tile"), py::arg("seqlen_q"), py::arg("seqlen_k"), py::arg("window_left"),
+          py::arg("window_right"));
 }

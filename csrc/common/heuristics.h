@@ -11,8 +11,7 @@
 namespace flash {
 
 // The persistent WS forward (plain calls; compiled for head-dim tiles 64 and 128) where it was
-// measured faster (H200, bf16, 16k tokens, session
-// 22): tiles 64 / 128 up to 8k keys, +11-23% at 512, +3-7% at 1-2k, +-1% at 4-8k; 0.98-0.99x at
+// measured faster (H200, bf16, 16k tokens): tiles 64 / 128 up to 8k keys, +11-23% at 512, +3-7% at 1-2k, +-1% at 4-8k; 0.98-0.99x at
 // 16k and at d256 (no room for O's own buffer there), which keep one CTA per tile.
 inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
     if (p.fwd_ws_persistent == kFwdWsPersistentOn) return true;
@@ -22,7 +21,7 @@ inline bool fwd_ws_use_persistent(const FwdParams &p, int head_dim_tile) {
 // The d64 WS forward on 128 x 128 tiles with 2 consumer warpgroups instead of 192 x 128 with 3:
 // causal calls with at most 1024 queries and keys (varlen: the longest sequence), and sliding
 // windows of at most 512 + 1 keys, whose 192-row tiles are mostly diagonal (masked) work. H200,
-// bf16, 16k tokens : causal +8-9% at 512, +6-11% at 1k, -10% at 1.5k, -4..-6% at 2k;
+// bf16, 16k tokens: causal +8-9% at 512, +6-11% at 1k, -10% at 1.5k, -4..-6% at 2k;
 // windows (256, 0) +7%, (512, 0) +2%, (256, 256) +1%, (1024, 0) -5%; without a mask -2..-5%.
 inline bool fwd_ws_d64_m128(const FwdParams &p) {
     if (p.fwd_ws_d64_rows != 0) return p.fwd_ws_d64_rows == 128;
@@ -44,10 +43,6 @@ inline int deterministic_splits(int64_t bh, int64_t n_blocks, int64_t sms) {
     return best;
 }
 
-// Number of key splits for the split-KV kernel. Decoding is bandwidth bound, so the time goes
-// as waves * keys per split: cost(s) = ceil(ctas * s / slots) / s (two CTAs fit an SM). The
-// smallest s within 5% of the lowest cost (fewer splits: less combine work); each split at
-// least 128 keys, at most 128 splits. One split when the batch already fills the GPU.
 // Split count for the split-KV kernel. Decode is bandwidth-bound: splits are for covering the SMs
 // (one CTA each; two if a split keeps >= 4k keys) and for keeping long contexts at
 // about 8k keys per CTA; each extra split costs a partial write and the combine. Measured on the
