@@ -1,6 +1,8 @@
 // Variable-length entry points: mha_varlen_fwd / mha_varlen_bwd.
 #include "api/binding.h"
 
+#include <limits>
+
 namespace flash::api {
 
 // ---------------------------------------------------------------------------------------------
@@ -84,6 +86,23 @@ static void zero_tail(const at::Tensor &t, const at::Tensor &cu_seqlens, int64_t
                             c10::cuda::getCurrentCUDAStream().stream());
 }
 
+// The batch size of a varlen call, after checking cu_seqlens_q / cu_seqlens_k (made contiguous in
+// place) and the max lengths, which are narrowed to int and rounded up to a multiple of 128 later.
+static int64_t check_varlen_batch(at::Tensor &cu_seqlens_q, at::Tensor &cu_seqlens_k, int64_t max_seqlen_q,
+                                  int64_t max_seqlen_k, const at::Tensor &q) {
+    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
+                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
+    const int64_t b = cu_seqlens_q.size(0) - 1;
+    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
+    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
+    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
+                    max_seqlen_k <= max_seqlen_limit,
+                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
+                " and ", max_seqlen_k);
+    return b;
+}
+
 std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
                                        at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
                                        std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
@@ -99,17 +118,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                 "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
     FLASH_CHECK(!paged || p_dropout == 0.0,
                 "flash_attn: dropout (dropout_p > 0) is not supported with block_table (paged KV)");
-    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
-                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
-    const int64_t b = cu_seqlens_q.size(0) - 1;
-    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
-    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
-    // Narrowed to int below, and rounded up to a multiple of 128 there.
-    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
-    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
-                    max_seqlen_k <= max_seqlen_limit,
-                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
-                " and ", max_seqlen_k);
+    const int64_t b = check_varlen_batch(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q);
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
@@ -200,17 +209,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     check_varlen_tensor(dout, "dout", q, 3, "(total_q, nheads, headdim)");
     FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
                 q.sizes());
-    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
-                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
-    const int64_t b = cu_seqlens_q.size(0) - 1;
-    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
-    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
-    // Narrowed to int below, and rounded up to a multiple of 128 there.
-    const int64_t max_seqlen_limit = std::numeric_limits<int>::max() - 127;
-    FLASH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= max_seqlen_limit &&
-                    max_seqlen_k <= max_seqlen_limit,
-                "flash_attn: max_seqlen_q and max_seqlen_k must be in [0, ", max_seqlen_limit, "], got ", max_seqlen_q,
-                " and ", max_seqlen_k);
+    const int64_t b = check_varlen_batch(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q);
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), total_k = k.size(0), h_k = k.size(1);
     FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
