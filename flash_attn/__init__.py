@@ -1,6 +1,7 @@
 __version__ = "2.8.3"
 
 from flash_attn.flash_attn_interface import (
+    check_index_errors,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -14,6 +15,7 @@ from flash_attn.flash_attn_interface import (
 
 __all__ = [
     "__version__",
+    "check_index_errors",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

@@ -12,7 +12,10 @@ Two kinds of checks live here:
   block_table).  Out-of-range values make the kernels (or the KV-cache append) read or write
   out of bounds, which poisons the CUDA context, so they are checked before anything is launched
   or written.  These values live on the device, so looking at them costs one device-to-host copy
-  and a stream synchronisation: see set_strict_checks for when that happens.
+  and a stream synchronisation: see set_strict_checks for when that happens.  When the host does
+  not look at them (the default for CUDA tensors), a device-side guard does: one small kernel
+  checks them, and a bad value makes the call compute and write nothing; the error is raised,
+  naming the argument, by the next call (or by flash_attn.check_index_errors).
 
 This module imports nothing else from the package (no import cycles).
 """
@@ -345,12 +348,18 @@ def set_strict_checks(enabled):
     b16 x 32k 3741 instead of 4435 (a 16-token paged cache at 4k: 769 instead of 3431), which is
     why they are off by default.
 
-    The checks are skipped, whatever this setting, while the current CUDA stream is being
+    The host checks are skipped, whatever this setting, while the current CUDA stream is being
     captured into a CUDA graph (a synchronisation is not allowed there) and while torch.compile
-    traces the call; a compiled varlen graph runs them when it executes the op (outside graph
-    capture).  With the checks off, or skipped, out-of-range values are undefined behaviour,
-    as in upstream flash-attn: turn them off only for inputs known to be valid, e.g. in a timed
-    decode loop."""
+    traces the call.
+
+    Whenever the host does not check CUDA index tensors (strict checks off, the default, or
+    graph capture), a device-side guard does, without a synchronisation: one small kernel reads
+    the same values and checks the same conditions.  A bad value makes that call compute
+    nothing (its outputs are zeros) and append nothing to the caches, and records the error;
+    the next varlen or KV-cache call raises it (FlashAttnValueError naming the argument and the
+    value), as does flash_attn.check_index_errors().  The guard is captured into CUDA graphs with
+    the call, so a graph replayed with bad values is caught too.  Its cost is one launch of a
+    one-block kernel (more blocks for long block tables) and a 16-byte memset per call."""
     global _strict
     previous = _strict
     _strict = bool(as_bool(enabled, "enabled"))
@@ -409,6 +418,62 @@ def value_checks_apply(*tensors):
     if kind != "cuda" or not _strict:
         return False
     return not _capturing(first.device)
+
+
+def device_guard_applies(*tensors):
+    """Whether the device-side guard checks these index tensors: CUDA tensors whose values the
+    host does not check now (strict checks off, or graph capture), outside trusted_values."""
+    if getattr(_local, "trusted", 0):
+        return False
+    present = [t for t in tensors if t is not None]
+    if not present or any(t.device.type != "cuda" for t in present):
+        return False
+    return not value_checks_apply(*present)
+
+
+# The codes of csrc/api/index_guard.h: what a device-side guard found wrong.
+_CU_NAMES = {6: ("cu_seqlens_q", "max_seqlen_q", "q.shape[0]"),
+             10: ("cu_seqlens_k", "max_seqlen_k", "k.shape[0]")}
+
+
+def index_error_message(code, index, column, value, limit):
+    """The error for a bad index value that a device-side guard recorded (take_index_error)."""
+    i = index
+    if code == 1:
+        what = f"cache_seqlens must be >= 0, got cache_seqlens[{i}] = {value}"
+    elif code == 2:
+        what = (f"cache_seqlens[{i}] = {value} plus the {column} new rows (k.shape[1]) is past the "
+                f"end of the cache ({limit} rows)")
+    elif code == 3:
+        what = (f"cache_batch_idx[{i}] = {value} is not an entry of k_cache (must be in [0, "
+                f"k_cache.shape[0] = {limit}))")
+    elif code == 4:
+        what = f"cache_leftpad[{i}] = {value} must be in [0, cache_seqlens[{i}] = {limit}]"
+    elif code in (5, 15):
+        what = (f"block_table[{i}, {column}] = {value} is not a page index in [0, num_blocks = "
+                f"{limit}); sequence {i} uses that entry")
+    elif code == 14:
+        what = (f"key sequence {i} has {value} rows (cu_seqlens_k) but its block_table row holds "
+                f"{limit} rows")
+    elif 6 <= code <= 13:
+        name, max_name, total_what = _CU_NAMES[6 if code < 10 else 10]
+        kind = (code - 6) % 4
+        if kind == 0:
+            what = f"{name} must start at 0, got {name}[0] = {value}"
+        elif kind == 1:
+            what = (f"{name} must be non-decreasing, got {name}[{i}] = {value} > {name}[{i + 1}] = "
+                    f"{limit}")
+        elif kind == 2:
+            what = (f"{name}[-1] = {value} is past the end of the packed tensor ({total_what} = "
+                    f"{limit})")
+        else:
+            what = (f"{max_name} = {limit} is less than the length of sequence {i} ({value}); "
+                    f"{max_name} must be at least the longest sequence")
+    else:
+        what = f"an index tensor held a bad value (guard code {code})"
+    return (f"flash_attn: {what}. Found by the device-side check of an earlier call, which "
+            "computed nothing and changed no cache (see flash_attn.set_strict_checks to have the "
+            "call itself raise)")
 
 
 def tensor_version(t):

@@ -40,6 +40,21 @@ def _get_ext():
     return _C
 
 
+def check_index_errors():
+    """Raise FlashAttnValueError, naming the argument, if a device-side guard has rejected a call
+    since the last check: index values (cu_seqlens, cache_seqlens, cache_batch_idx, cache_leftpad,
+    block_table) out of range, which made that call compute nothing and change no cache.  The
+    varlen and KV-cache entry points run this check first; it reads pinned host memory and does
+    not synchronise, so call torch.cuda.synchronize() before it to include calls still queued."""
+    if _C is None:
+        return
+    taken = _C.take_index_error()
+    if taken is not None:
+        from flash_attn._checks import FlashAttnValueError, index_error_message
+
+        raise FlashAttnValueError(index_error_message(*taken))
+
+
 _BUILT_CONFIGS = None
 
 

@@ -18,6 +18,7 @@ flash_attn._checks, shared with the dense path (see flash_attn.set_strict_checks
 values are looked at and what that costs).
 """
 
+import contextlib
 from typing import Optional, Tuple, Union
 
 import torch
@@ -38,7 +39,9 @@ from flash_attn._common import (
     _SUPPORTED_DTYPES,
     _default_softmax_scale,
     _ext_for,
+    _get_ext,
     _is_compiling,
+    check_index_errors,
     _pad_to_multiple_of_8,
     _torch_custom_op_wrapper,
     _torch_register_fake_wrapper,
@@ -214,17 +217,25 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 def _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             block_table=None):
     """The checks the varlen ops run before the kernels: max_seqlen in range (before C++
-    narrows it) and the values of cu_seqlens / block_table (flash_attn._checks; a host sync on
-    CUDA unless strict checks are off, see set_strict_checks)."""
+    narrows it) and the values of cu_seqlens / block_table, on the host (flash_attn._checks: a
+    host sync on CUDA, see set_strict_checks) or by the device-side guard.  Returns
+    (max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k): the cu_seqlens for the kernels,
+    the guard's copies (all zeros, so that nothing is computed, when a value is bad)."""
+    check_index_errors()
     max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
-    if block_table is None:
+    paged = block_table is not None
+    if _checks.device_guard_applies(cu_seqlens_q, cu_seqlens_k, block_table):
+        _, cu_seqlens_q, cu_seqlens_k = _get_ext().varlen_guard(
+            q, cu_seqlens_q, cu_seqlens_k, q.shape[0], -1 if paged else k.shape[0], max_seqlen_q,
+            max_seqlen_k, block_table, k.shape[1] if paged else 0, k.shape[0] if paged else 0)
+    elif not paged:
         _checks.check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                                     max_seqlen_q, max_seqlen_k)
     else:
         _checks.check_varlen_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], None, max_seqlen_q,
                                     max_seqlen_k, block_table, k.shape[1], k.shape[0])
-    return max_seqlen_q, max_seqlen_k
+    return max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k
 
 
 def _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q, has_alibi=False):
@@ -267,8 +278,8 @@ def _flash_attn_varlen_forward(
     _check_dropout_softcap(dropout_p, softcap)
     _check_return_softmax(return_softmax, dropout_p)
     _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
-    max_seqlen_q, max_seqlen_k = _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k,
-                                                         max_seqlen_q, max_seqlen_k, block_table)
+    max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
@@ -358,8 +369,8 @@ def _flash_attn_varlen_backward(
         raise FlashAttnValueError(
             "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
         )
-    max_seqlen_q, max_seqlen_k = _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k,
-                                                         max_seqlen_q, max_seqlen_k)
+    max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
@@ -733,22 +744,12 @@ def _rotary(x, cos, sin, offsets, interleaved, same_position=False):
     return apply_rotary(x, cos, sin, seqlen_offsets=offsets, interleaved=interleaved)
 
 
-def _append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
-    """k_cache[batch, cache_seqlens[b] + j] = k[b, j] (and v), in place."""
-    b, s_new = k.shape[0], k.shape[1]
-    pos = cache_seqlens.to(torch.long).unsqueeze(1) + torch.arange(s_new, device=k.device).unsqueeze(0)
-    if block_table is not None:
-        page_size = k_cache.shape[1]
-        page = block_table.to(torch.long).gather(1, pos // page_size)
-        row = pos % page_size
-        k_cache[page, row] = k
-        v_cache[page, row] = v
-    else:
-        bidx = (torch.arange(b, device=k.device) if cache_batch_idx is None
-                else cache_batch_idx.to(torch.long))
-        bidx = bidx.unsqueeze(1).expand(b, s_new)
-        k_cache[bidx, pos] = k
-        v_cache[bidx, pos] = v
+def _append_kv(ext, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+               skip_flag=None):
+    """k_cache[batch, cache_seqlens[b] + j] = k[b, j] (and v), in place, through block_table when
+    paged; nothing when skip_flag (the device-side guard's) is set."""
+    ext.append_kv(k_cache, v_cache, maybe_contiguous(k), maybe_contiguous(v), cache_seqlens,
+                  cache_batch_idx, block_table, skip_flag)
 
 
 def _kvcache_impl(
@@ -775,16 +776,44 @@ def _kvcache_impl(
     b, seqlen_q = q.shape[0], q.shape[1]
     # Everything that can fail runs before the append below (a rejected call changes nothing):
     # flash_attn_with_kvcache has checked the arguments, this checks the build has the kernels.
+    check_index_errors()
     ext = _ext_for(q)
     local = causal or window_size_left >= 0 or window_size_right >= 0
-    seqused = cache_seqlens
+    seqlen_new = 0 if k is None else k.shape[1]
+    if k is not None and cache_seqlens is None:
+        cache_seqlens = torch.zeros((b,), dtype=torch.int32, device=q.device)
+    paged = block_table is not None
+    seqused = cache_seqlens if k is None else None
+    skip_flag = None
+    if _checks.device_guard_applies(cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
+        # The values were not checked on the host: the guard's copies are the values, or zeros
+        # (no key rows, nothing appended) when one is out of range.
+        seqlen_cache = (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1]
+        skip_flag, safe_seqlens, safe_seqused, safe_batch_idx, safe_leftpad = ext.kvcache_guard(
+            q, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, seqlen_cache,
+            seqlen_new, seqlen_cache, k_cache.shape[0], k_cache.shape[1] if paged else 0,
+            k_cache.shape[0] if paged else 0)
+        if cache_seqlens is not None or paged:
+            seqused = safe_seqused
+        cache_seqlens = safe_seqlens if cache_seqlens is not None else None
+        cache_batch_idx = safe_batch_idx if cache_batch_idx is not None else None
+        cache_leftpad = safe_leftpad if cache_leftpad is not None else None
+    else:
+        if _checks.value_checks_apply(cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
+            # Reached through the registered op (torch.compile), which skipped the host checks of
+            # flash_attn_with_kvcache while tracing.
+            _checks.check_kvcache_values(
+                cache_seqlens, seqlen_new,
+                (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1],
+                k_cache.shape[0], cache_batch_idx, cache_leftpad, block_table, k_cache.shape[1],
+                k_cache.shape[0])
+        if k is not None:
+            seqused = cache_seqlens + seqlen_new
     if k is not None:
-        if cache_seqlens is None:
-            cache_seqlens = torch.zeros((b,), dtype=torch.int32, device=q.device)
         if rotary_cos is not None:
             k = _rotary(k, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved)
-        _append_kv(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
-        seqused = cache_seqlens + k.shape[1]
+        _append_kv(ext, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                   skip_flag)
     if rotary_cos is not None and k is not None:
         # Query i sits at position cache_seqlens + i when causal/local, else at cache_seqlens.
         q = _rotary(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved,
@@ -1123,9 +1152,13 @@ def flash_attn_with_kvcache(
     # traced instead (it declares the in-place cache update), and meta tensors get its fake.
     direct = q.device.type == "cuda" and not _is_compiling()
     kvcache_fn = _kvcache_impl if direct else _wrapped_flash_attn_kvcache
-    out, softmax_lse = kvcache_fn(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-        cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
-        rotary_interleaved, num_splits, softcap, alibi_slopes,
-    )
+    # The index values were checked on the host just now, or are left to the device-side guard.
+    host_checked = direct and _checks.value_checks_apply(cache_seqlens, cache_batch_idx,
+                                                          cache_leftpad, block_table)
+    with _checks.trusted_values() if host_checked else contextlib.nullcontext():
+        out, softmax_lse = kvcache_fn(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
+            rotary_interleaved, num_splits, softcap, alibi_slopes,
+        )
     return (out, softmax_lse) if return_softmax_lse else out

@@ -459,6 +459,31 @@ class CpuExt:
                 dst.copy_(g)
         return dq, dk, dv, torch.empty(0)
 
+    def append_kv(self, k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table,
+                  skip_flag):
+        """The in-place append of _C.append_kv; its precondition: every row written in range."""
+        if skip_flag is not None and int(skip_flag[0]) != 0:
+            return
+        b, s_new = k.shape[0], k.shape[1]
+        pos = cache_seqlens.to(torch.long).unsqueeze(1) + torch.arange(s_new).unsqueeze(0)
+        if block_table is not None:
+            page_size = k_cache.shape[1]
+            assert bool((pos >= 0).all()) and (int(pos.max()) if pos.numel() else -1) < block_table.shape[1] * page_size
+            page = block_table.to(torch.long).gather(1, pos // page_size)
+            assert bool(((page >= 0) & (page < k_cache.shape[0])).all()), f"pages {page}"
+            row = pos % page_size
+        else:
+            page = (torch.arange(b) if batch_idx is None else batch_idx.to(torch.long))
+            assert bool(((page >= 0) & (page < k_cache.shape[0])).all()), f"batch_idx {page}"
+            page = page.unsqueeze(1).expand(b, s_new)
+            assert bool((pos >= 0).all()) and (int(pos.max()) if pos.numel() else -1) < k_cache.shape[1]
+            row = pos
+        k_cache[page, row] = k
+        v_cache[page, row] = v
+
+    def take_index_error(self):
+        return None
+
     def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, softmax_scale,
                     causal, wl, wr, num_splits, softcap=0.0, alibi_slopes=None):
         from test_varlen_kvcache import _slopes_of, attn_ref_one

@@ -6,6 +6,7 @@ Wide sweeps are marked slow (FLASH_ATTN_TEST_FULL=1).
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -902,6 +903,38 @@ def _i32c(*xs):
     return torch.tensor(xs, dtype=torch.int32, device="cuda")
 
 
+@pytest.fixture(params=["strict", "device"])
+def check_mode(request):
+    """Where the index values are checked: on the host at the call (strict checks on), or by
+    the device-side guard (the default), whose error the next check_index_errors raises."""
+    import flash_attn
+
+    prev = flash_attn.set_strict_checks(request.param == "strict")
+    yield request.param
+    flash_attn.set_strict_checks(prev)
+
+
+def _expect_rejected(call, name, mode, errors=(ValueError,)):
+    """call() is rejected with an error naming `name`: at the call (strict checks, or a check
+    that always runs on the host), or, in device mode, by check_index_errors afterwards."""
+    import flash_attn
+
+    pattern = rf"\b{name}\b"
+    if mode == "strict":
+        with pytest.raises(errors, match=pattern):
+            call()
+        return
+    try:
+        call()
+    except errors as e:  # host-side argument checks (ints, layouts) run in both modes
+        assert re.search(pattern, str(e)), str(e)
+        return
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=pattern):
+        flash_attn.check_index_errors()
+    flash_attn.check_index_errors()  # taken: nothing pending
+
+
 KV_BAD_GPU = [
     ("seqlens+new past the cache", dict(cache_seqlens="OVER_NEW"), "cache_seqlens"),
     ("int seqlens+new past the cache", dict(cache_seqlens=64), "cache_seqlens"),
@@ -921,7 +954,7 @@ KV_BAD_GPU = [
 
 
 @pytest.mark.parametrize("case, kw, name", KV_BAD_GPU, ids=[c[0].replace(" ", "-") for c in KV_BAD_GPU])
-def test_kvcache_bad_values_leave_caches_unchanged(case, kw, name, strict_checks):
+def test_kvcache_bad_values_leave_caches_unchanged(case, kw, name, check_mode):
     """Each bad value raises naming the argument, before the in-place append; the caches are
     bit-identical afterwards and the process runs a valid call (the context is not poisoned)."""
     require_config(torch.bfloat16, 128)
@@ -954,8 +987,9 @@ def test_kvcache_bad_values_leave_caches_unchanged(case, kw, name, strict_checks
         kw["cache_leftpad"] = {"OVER": _i32c(0, 61), "NEG": _i32c(-1, 0)}[kw["cache_leftpad"]]
     kn = torch.randn(b, 1, hk, d, device="cuda", dtype=torch.bfloat16) if new else None
     before = kc.clone(), vc.clone()
-    with pytest.raises((ValueError, TypeError), match=rf"\b{name}\b"):
-        flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens, block_table=bt, **kw)
+    _expect_rejected(lambda: flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens,
+                                                     block_table=bt, **kw),
+                     name, check_mode, (ValueError, TypeError))
     torch.cuda.synchronize()
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1]), "a rejected call wrote the cache"
     # a valid call afterwards works, in the same process
@@ -978,25 +1012,81 @@ VARLEN_BAD_GPU = [
 
 
 @pytest.mark.parametrize("case, kw, name", VARLEN_BAD_GPU, ids=[c[0].replace(" ", "-") for c in VARLEN_BAD_GPU])
-def test_varlen_bad_values_raise(case, kw, name, strict_checks):
+def test_varlen_bad_values_raise(case, kw, name, check_mode):
     require_config(torch.bfloat16, 64)
     q, k = [torch.randn(120, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2)]
     cu_q = torch.tensor(kw.get("cu_q", [0, 50, 120]), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor(kw.get("cu_k", [0, 50, 120]), dtype=torch.int32, device="cuda")
     max_q, max_k = kw.get("max_q", 70), kw.get("max_k", 70)
-    with pytest.raises(ValueError, match=rf"\b{name}\b"):
-        flash_attn_varlen_func(q, k, k, cu_q, cu_k, max_q, max_k)
+    _expect_rejected(lambda: flash_attn_varlen_func(q, k, k, cu_q, cu_k, max_q, max_k), name,
+                     check_mode)
     from flash_attn.flash_attn_interface import _flash_attn_varlen_forward
 
-    with pytest.raises(ValueError, match=rf"\b{name}\b"):
-        _flash_attn_varlen_forward(q.detach(), k.detach(), k.detach(), cu_q, cu_k, max_q, max_k,
-                                   0.0, 0.125, False)
+    _expect_rejected(lambda: _flash_attn_varlen_forward(q.detach(), k.detach(), k.detach(), cu_q,
+                                                        cu_k, max_q, max_k, 0.0, 0.125, False),
+                     name, check_mode)
     torch.cuda.synchronize()
     good = cu_from([50, 70])
     out = flash_attn_varlen_func(q, k, k, good, good, 70, 70, causal=True)
     torch.autograd.grad(out, (q, k), torch.randn_like(out))
     torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+
+
+def test_device_guard_in_a_cuda_graph():
+    """Default checks: the device-side guard is captured with the call, so a bad value written
+    into the index tensor after capture is caught at replay: nothing is appended, and the error
+    names the argument."""
+    require_config(torch.bfloat16, 128)
+    import flash_attn
+
+    assert not flash_attn.strict_checks_enabled()
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    kn = torch.randn(2, 1, 2, 128, device="cuda", dtype=torch.bfloat16)
+    seqlens = _i32c(10, 20)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, kn, cache_seqlens=seqlens)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens)
+    before = kc.clone(), vc.clone()
+    seqlens.copy_(_i32c(10, 64))  # 64 + 1 new row > the 64 rows of the cache
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 64"):
+        flash_attn.check_index_errors()
+    seqlens.copy_(_i32c(10, 20))
+    g.replay()
+    torch.cuda.synchronize()
+    flash_attn.check_index_errors()
+    assert not torch.equal(kc, before[0])  # the valid replay appended
+
+
+def test_device_guard_paged_varlen():
+    """Paged varlen with a block-table entry past num_blocks: rejected on the device, the
+    error names block_table; the next valid call runs."""
+    require_config(torch.bfloat16, 64)
+    import flash_attn
+
+    q = torch.randn(40, 4, 64, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(6, 16, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cu_q, cu_k = cu_from([20, 20]), cu_from([30, 40])
+    table = _i32c(0, 1, 2, 3, 4, 9).view(2, 3)
+    flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 20, 40, block_table=table)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=r"block_table\[1, 2\] = 9"):
+        flash_attn.check_index_errors()
+    table[1, 2] = 5
+    out = flash_attn_varlen_func(q, kc, kc, cu_q, cu_k, 20, 40, block_table=table)
+    torch.cuda.synchronize()
+    flash_attn.check_index_errors()
     assert torch.isfinite(out).all()
 
 

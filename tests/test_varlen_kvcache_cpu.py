@@ -335,36 +335,15 @@ def test_varlen_torch_compile_meta_fullgraph():
 # ---------------------------------------------------------------------------------------
 
 
-class _CpuKVCacheExt:
-    def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, scale, causal,
-                    wl, wr, num_splits, softcap=0.0, alibi_slopes=None):
-        from test_varlen_kvcache import _slopes_of, attn_ref_one
-
-        b, sq, h, d = q.shape
-        outs, lses = [], []
-        for i in range(b):
-            if block_table is not None:
-                kd = kc[block_table[i].long()].reshape(-1, *kc.shape[2:])
-                vd = vc[block_table[i].long()].reshape(-1, *vc.shape[2:])
-            else:
-                j = int(batch_idx[i]) if batch_idx is not None else i
-                kd, vd = kc[j], vc[j]
-            lo = int(leftpad[i]) if leftpad is not None else 0
-            hi = int(seqused[i]) if seqused is not None else kd.shape[0]
-            o, l = attn_ref_one(q[i], kd[lo:hi], vd[lo:hi], causal, (wl, wr), scale, True,
-                                softcap, _slopes_of(alibi_slopes, i, h))
-            outs.append(o)
-            lses.append(l)
-        return torch.stack(outs), torch.stack(lses)
-
-
 @pytest.fixture
 def cpu_kvcache(monkeypatch):
     import flash_attn._varlen_kvcache as vk
 
     monkeypatch.setattr(vk, "_ALLOWED_DEVICE_TYPES", ("cuda", "meta", "cpu"))
     monkeypatch.setattr(vk, "_wrapped_flash_attn_kvcache", vk._kvcache_impl)
-    monkeypatch.setattr(vk, "_ext_for", lambda q: _CpuKVCacheExt())
+    from fa_test_utils import CpuExt
+
+    monkeypatch.setattr(vk, "_ext_for", lambda q: CpuExt())
 
 
 @pytest.mark.parametrize("kw", [

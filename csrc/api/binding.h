@@ -125,6 +125,20 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
                                        bool deterministic, int64_t window_left, int64_t window_right,
                                        double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                        std::optional<at::Tensor> rng_state);
+// Device-side index guards and the KV-cache append (index_checks.cpp, api/index_guard.h).
+std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
+                                      std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
+                                      std::optional<at::Tensor> block_table, int64_t default_seqlen,
+                                      int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
+                                      int64_t page_block_size, int64_t num_blocks);
+std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                     int64_t total_q, int64_t total_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                     std::optional<at::Tensor> block_table, int64_t page_block_size,
+                                     int64_t num_blocks);
+void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, const at::Tensor &v,
+               const at::Tensor &cache_seqlens, std::optional<at::Tensor> batch_idx,
+               std::optional<at::Tensor> block_table, std::optional<at::Tensor> skip_flag);
+std::optional<std::tuple<int, int, int, int64_t, int64_t>> take_index_error();
 std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                         std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
                                         std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,

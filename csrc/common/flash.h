@@ -236,5 +236,6 @@ int head_dim_tile(int d);
 int device_sm(int device);
 // The last CUDA error string seen by a launch in this thread ("" when none).
 const char *last_launch_error();
+void clear_launch_error();
 
 }  // namespace flash

@@ -97,6 +97,8 @@ void record_launch_error(cudaError_t err, const char *what, const char *file, in
 
 const char *last_launch_error() { return g_last_error.c_str(); }
 
+void clear_launch_error() { g_last_error.clear(); }
+
 int device_sm(int device) {
     static int cache[64] = {0};
     if (device < 0 || device >= 64) return 0;

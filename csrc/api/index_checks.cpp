@@ -1,0 +1,169 @@
+// Bindings of the device-side index guards and the KV-cache append (api/index_guard.h). The Python
+// layer has checked every shape, dtype and device; these check again only what a kernel would
+// otherwise read out of bounds.
+#include "api/binding.h"
+#include "api/index_guard.h"
+
+namespace flash::api {
+
+namespace {
+
+// A guard's output buffer: `n_outputs` int32 entries plus the grid scratch (api/index_guard.cu).
+at::Tensor guard_buffer(int64_t n_outputs, const at::Tensor &like) {
+    return at::empty({n_outputs + 8}, like.options().dtype(at::kInt));
+}
+
+const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
+                         at::Tensor &holder) {
+    if (!t.has_value()) return nullptr;
+    holder = checked_int_vector(t.value(), name, n, q);
+    return holder.data_ptr<int>();
+}
+
+void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q) {
+    FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
+                    block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b &&
+                    block_table.stride(-1) == 1,
+                "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq) "
+                "with a contiguous last dimension on q's device, got ", block_table.scalar_type(), " ",
+                block_table.sizes());
+}
+
+int checked_int(int64_t v, const char *name) {
+    FLASH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "flash_attn: ", name, " must be in [0, 2**31), got ",
+                v);
+    return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
+                                      std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
+                                      std::optional<at::Tensor> block_table, int64_t default_seqlen,
+                                      int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
+                                      int64_t page_block_size, int64_t num_blocks) {
+    c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t b = q.size(0);
+    at::Tensor seqlens_c, batch_idx_c, leftpad_c;
+    flash::KvcacheGuardArgs args{};
+    args.cache_seqlens = optional_ints(cache_seqlens, "cache_seqlens", b, q, seqlens_c);
+    args.batch_idx = optional_ints(batch_idx, "cache_batch_idx", b, q, batch_idx_c);
+    args.leftpad = optional_ints(leftpad, "cache_leftpad", b, q, leftpad_c);
+    if (block_table.has_value()) {
+        check_block_table(block_table.value(), b, q);
+        args.block_table = block_table->data_ptr<int>();
+        args.block_table_cols = checked_int(block_table->size(1), "block_table.shape[1]");
+        args.block_table_stride = block_table->stride(0);
+        args.page_block_size = checked_int(page_block_size, "page_block_size");
+        FLASH_CHECK(args.page_block_size > 0, "flash_attn: page_block_size must be > 0");
+    }
+    args.b = checked_int(b, "batch_size");
+    args.default_seqlen = checked_int(default_seqlen, "the default cache length");
+    args.seqlen_new = checked_int(seqlen_new, "seqlen_new");
+    args.seqlen_cache = checked_int(seqlen_cache, "seqlen_cache");
+    args.batch_cache = checked_int(batch_cache, "k_cache.shape[0]");
+    args.num_blocks = checked_int(num_blocks, "num_blocks");
+    at::Tensor safe = guard_buffer(1 + 4 * b, q);
+    args.safe = safe.data_ptr<int>();
+    flash::clear_launch_error();
+    if (b > 0) flash::guard_kvcache_indices(args, c10::cuda::getCurrentCUDAStream().stream());
+    const std::string err = flash::last_launch_error();
+    FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
+    // [skip flag, cache_seqlens, seqused, batch_idx, leftpad]
+    return {safe.narrow(0, 0, 1), safe.narrow(0, 1, b), safe.narrow(0, 1 + b, b), safe.narrow(0, 1 + 2 * b, b),
+            safe.narrow(0, 1 + 3 * b, b)};
+}
+
+std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                     int64_t total_q, int64_t total_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                     std::optional<at::Tensor> block_table, int64_t page_block_size,
+                                     int64_t num_blocks) {
+    c10::cuda::CUDAGuard device_guard(q.device());
+    FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
+                "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
+    const int64_t b = cu_seqlens_q.size(0) - 1;
+    cu_seqlens_q = checked_int_vector(cu_seqlens_q, "cu_seqlens_q", b + 1, q);
+    cu_seqlens_k = checked_int_vector(cu_seqlens_k, "cu_seqlens_k", b + 1, q);
+    flash::VarlenGuardArgs args{};
+    args.cu_seqlens_q = cu_seqlens_q.data_ptr<int>();
+    args.cu_seqlens_k = cu_seqlens_k.data_ptr<int>();
+    args.b = checked_int(b, "batch_size");
+    args.total_q = total_q;
+    args.total_k = total_k;
+    args.max_seqlen_q = max_seqlen_q;
+    args.max_seqlen_k = max_seqlen_k;
+    if (block_table.has_value()) {
+        check_block_table(block_table.value(), b, q);
+        args.block_table = block_table->data_ptr<int>();
+        args.block_table_cols = checked_int(block_table->size(1), "block_table.shape[1]");
+        args.block_table_stride = block_table->stride(0);
+        args.page_block_size = checked_int(page_block_size, "page_block_size");
+        args.num_blocks = checked_int(num_blocks, "num_blocks");
+        FLASH_CHECK(args.page_block_size > 0, "flash_attn: page_block_size must be > 0");
+    }
+    at::Tensor safe = guard_buffer(1 + 2 * (b + 1), q);
+    args.safe = safe.data_ptr<int>();
+    flash::clear_launch_error();
+    flash::guard_varlen_indices(args, c10::cuda::getCurrentCUDAStream().stream());
+    const std::string err = flash::last_launch_error();
+    FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
+    // [skip flag, cu_seqlens_q, cu_seqlens_k]
+    return {safe.narrow(0, 0, 1), safe.narrow(0, 1, b + 1), safe.narrow(0, 2 + b, b + 1)};
+}
+
+void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, const at::Tensor &v,
+               const at::Tensor &cache_seqlens, std::optional<at::Tensor> batch_idx,
+               std::optional<at::Tensor> block_table, std::optional<at::Tensor> skip_flag) {
+    c10::cuda::CUDAGuard device_guard(k.device());
+    for (const at::Tensor *t : {static_cast<const at::Tensor *>(&k_cache), static_cast<const at::Tensor *>(&v_cache), &k, &v}) {
+        FLASH_CHECK(t->is_cuda() && t->device() == k.device() && t->scalar_type() == k.scalar_type() &&
+                        t->element_size() == 2 && t->dim() == 4 && t->stride(3) == 1,
+                    "flash_attn: append_kv needs 4-d fp16 / bf16 CUDA tensors on one device with a contiguous "
+                    "head dim");
+    }
+    FLASH_CHECK(k.sizes() == v.sizes() && k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
+                    k.size(2) == k_cache.size(2) && k.size(3) == k_cache.size(3),
+                "flash_attn: append_kv: k / v and k_cache / v_cache shapes disagree");
+    const int64_t b = k.size(0);
+    at::Tensor seqlens_c = checked_int_vector(cache_seqlens, "cache_seqlens", b, k), batch_idx_c, table_c, flag_c;
+    flash::AppendKvArgs args{};
+    args.k_cache = k_cache.data_ptr(), args.v_cache = v_cache.data_ptr();
+    args.k_new = k.data_ptr(), args.v_new = v.data_ptr();
+    for (int i = 0; i < 3; ++i) {
+        args.cache_stride[i] = k_cache.stride(i);
+        args.k_new_stride[i] = k.stride(i);
+        args.v_new_stride[i] = v.stride(i);
+    }
+    args.cache_seqlens = seqlens_c.data_ptr<int>();
+    args.batch_idx = optional_ints(batch_idx, "cache_batch_idx", b, k, batch_idx_c);
+    if (block_table.has_value()) {
+        check_block_table(block_table.value(), b, k);
+        args.block_table = block_table->data_ptr<int>();
+        args.block_table_stride = block_table->stride(0);
+        args.page_block_size = checked_int(k_cache.size(1), "page_block_size");
+    }
+    args.skip_flag = optional_ints(skip_flag, "skip_flag", 1, k, flag_c);
+    args.b = checked_int(b, "batch_size");
+    args.seqlen_new = checked_int(k.size(1), "seqlen_new");
+    args.h_k = checked_int(k.size(2), "nheads_k");
+    args.d = checked_int(k.size(3), "headdim");
+    args.elem_bytes = 2;
+    flash::clear_launch_error();
+    flash::append_kv(args, c10::cuda::getCurrentCUDAStream().stream());
+    const std::string err = flash::last_launch_error();
+    FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
+}
+
+std::optional<std::tuple<int, int, int, int64_t, int64_t>> take_index_error() {
+    flash::IndexErrorRecord *record = flash::index_error_record_if_allocated();
+    if (record == nullptr) return std::nullopt;
+    volatile flash::IndexErrorRecord *r = record;
+    const int code = r->code;
+    if (code == flash::kIndexOk) return std::nullopt;
+    auto taken = std::make_tuple(code, static_cast<int>(r->index), static_cast<int>(r->column),
+                                 static_cast<int64_t>(r->value), static_cast<int64_t>(r->limit));
+    r->code = flash::kIndexOk;
+    return taken;
+}
+
+}  // namespace flash::api

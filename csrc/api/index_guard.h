@@ -1,0 +1,111 @@
+// Device-side guards for index tensors that live on the GPU (cu_seqlens, cache_seqlens,
+// cache_batch_idx, cache_leftpad, block_table) and the in-place KV-cache append.
+//
+// Checking those values on the host costs a stream synchronisation per call, so by default they are
+// checked on the device instead: one small kernel reads them, writes "safe" copies for the
+// attention kernels (the values themselves, or all zeros when any value is bad, so that a rejected
+// call reads and writes nothing out of range and appends nothing), and records the first bad value
+// in a pinned host record. The Python layer reads that record at its next call (no
+// synchronisation) and raises an error naming the argument. Torch-free, like the kernel files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flash {
+
+// What a guard found wrong, numbered in the order the host checks report errors; mirrored by
+// flash_attn/_checks.py, which words the error.
+enum IndexErrorCode : int {
+    kIndexOk = 0,
+    kCacheSeqlensNegative = 1,    // index: sequence
+    kCacheSeqlensPastEnd = 2,     // value: cache_seqlens[i], limit: rows the cache holds
+    kCacheBatchIdxRange = 3,      // value: cache_batch_idx[i], limit: k_cache.shape[0]
+    kCacheLeftpadRange = 4,       // value: cache_leftpad[i], limit: the sequence's cache rows
+    kBlockTableRange = 5,         // index: row, column, value: entry, limit: num_blocks
+    kCuSeqlensStart = 6,          // (+ 4 for cu_seqlens_k) value: cu_seqlens[0]
+    kCuSeqlensDecreasing = 7,     // index i: cu_seqlens[i] > cu_seqlens[i + 1]; value, limit: those
+    kCuSeqlensPastTotal = 8,      // value: cu_seqlens[-1], limit: the packed rows
+    kMaxSeqlenShort = 9,          // index: sequence, value: its length, limit: max_seqlen
+    kKeyRowsPastBlockTable = 14,  // paged varlen: index: sequence, value: key rows, limit: rows of its pages
+    kVarlenBlockTableRange = 15,  // as kBlockTableRange, for the paged varlen keys
+};
+constexpr int kCuSeqlensKOffset = 4;  // kCuSeqlensStart + 4 = the same error in cu_seqlens_k
+
+// The first bad value a guard saw since the host last took it (code 0: none). Written by the
+// device through a mapped pointer; the code is written last, after a system-scope fence.
+struct IndexErrorRecord {
+    int code;
+    int index;
+    int column;
+    int reserved;
+    long long value;
+    long long limit;
+};
+
+// The process-wide record (pinned, mapped host memory, allocated on first use); nullptr if the
+// allocation failed (the launch error is recorded).
+IndexErrorRecord *index_error_record();
+// The record if a guard has run in this process, else nullptr (no CUDA call).
+IndexErrorRecord *index_error_record_if_allocated();
+
+struct KvcacheGuardArgs {
+    const int *cache_seqlens;  // (b,) or nullptr: `default_seqlen` for every sequence
+    const int *batch_idx;      // (b,) or nullptr
+    const int *leftpad;        // (b,) or nullptr
+    const int *block_table;    // (b, block_table_cols) row stride block_table_stride, or nullptr
+    int b;
+    int default_seqlen;
+    int seqlen_new;    // rows appended per sequence (k.shape[1]), 0 without new keys
+    int seqlen_cache;  // rows a sequence can hold
+    int batch_cache;   // k_cache.shape[0] (not paged)
+    int block_table_cols;
+    int64_t block_table_stride;
+    int page_block_size;
+    int num_blocks;
+    // Output: int32 [flag, cache_seqlens (b), seqused (b), batch_idx (b), leftpad (b)]; flag 1 and
+    // every other entry 0 when a value is bad.
+    int *safe;
+};
+
+struct VarlenGuardArgs {
+    const int *cu_seqlens_q;  // (b + 1,)
+    const int *cu_seqlens_k;  // (b + 1,)
+    const int *block_table;   // paged keys: (b, block_table_cols), or nullptr
+    int b;
+    int64_t total_q;
+    int64_t total_k;  // -1 with block_table
+    int64_t max_seqlen_q;
+    int64_t max_seqlen_k;
+    int block_table_cols;
+    int64_t block_table_stride;
+    int page_block_size;
+    int num_blocks;
+    // Output: int32 [flag, cu_seqlens_q (b + 1), cu_seqlens_k (b + 1)]; zeros (every sequence
+    // empty) when a value is bad.
+    int *safe;
+};
+
+void guard_kvcache_indices(const KvcacheGuardArgs &args, cudaStream_t stream);
+void guard_varlen_indices(const VarlenGuardArgs &args, cudaStream_t stream);
+
+// k_cache[batch of b, cache_seqlens[b] + j] = k_new[b, j] (and v), in place; skipped entirely when
+// *skip_flag != 0. Element strides; the head dim is contiguous in all four tensors.
+struct AppendKvArgs {
+    void *k_cache, *v_cache;
+    const void *k_new, *v_new;
+    int64_t cache_stride[3];  // batch (or page), row, head
+    int64_t k_new_stride[3], v_new_stride[3];
+    const int *cache_seqlens;  // (b,)
+    const int *batch_idx;      // (b,) or nullptr
+    const int *block_table;    // or nullptr
+    int64_t block_table_stride;
+    int page_block_size;
+    const int *skip_flag;  // or nullptr
+    int b, seqlen_new, h_k, d, elem_bytes;
+};
+
+void append_kv(const AppendKvArgs &args, cudaStream_t stream);
+
+}  // namespace flash
