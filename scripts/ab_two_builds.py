@@ -127,6 +127,22 @@ def worker(root):
     if not where.startswith(root + os.sep):
         raise SystemExit(f"ab_two_builds: {root} imported flash_attn from {where}; build it in place first")
     import flash_attn._C as ext  # fail here, not in the first cell, when the tree has no build
+
+    class BindContext(torch.autograd.Function):
+        """Binds the CUDA context on torch's autograd device thread (a synchronize there), which
+        builds older than the FLASH_BIND_CONTEXT fix need: their backward's TMA descriptor
+        encode crashed on a thread without one. Run in both workers, so that they match."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            torch.cuda.synchronize()
+            return g
+
+    BindContext.apply(torch.ones(4, device="cuda", requires_grad=True)).sum().backward()
     try:
         import triton.testing as tt
     except ImportError:

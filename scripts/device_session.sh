@@ -21,6 +21,8 @@
 #            AB_BASE is the base source tree, or AB_REF a commit checked out into a worktree
 #            (needs git); the base extension is built in place first if it has none
 #            (python setup.py build_ext --inplace, with the same build variables)
+#   sanitize compute-sanitizer memcheck, racecheck and initcheck over scripts/sanitize_workload.py
+#            (SANITIZE_ARGS, e.g. "--head-dims 64"; SANITIZE_TOOLS to choose the tools)
 #   llama    scripts/llama_flash_attention_2.py (needs transformers)
 set -uo pipefail
 OUT=${OUT:-/tmp/fa_out}
@@ -74,8 +76,14 @@ for stage in $STAGES; do
       # shellcheck disable=SC2086
       logged ab.log "${AB_TAIL:-200}" $PY scripts/ab_two_builds.py "$AB_BASE" . ${AB_ARGS:---cells grid,decode,varlen} \
         --json "$OUT/ab.json" ;;
+    sanitize)
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
+        # shellcheck disable=SC2086
+        logged "sanitize_$tool.log" 8 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          $PY scripts/sanitize_workload.py ${SANITIZE_ARGS:-}
+      done ;;
     llama) logged llama.log 10 $PY scripts/llama_flash_attention_2.py ;;
-    *) echo "unknown stage: $stage (build check test bench profile ab llama)"; exit 2 ;;
+    *) echo "unknown stage: $stage (build check test bench profile ab sanitize llama)"; exit 2 ;;
   esac
   echo "== stage $stage: $(( $(date +%s) - t0 )) s"
 done
