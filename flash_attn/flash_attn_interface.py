@@ -280,10 +280,13 @@ def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     return 128 if head_dim <= 64 else 64
 
 
-def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
-                             window_size_right, softcap, alibi_slopes, return_softmax):
-    """The forward op's implementation (eager CUDA calls of the autograd Functions call it
-    directly; see _attention_forward)."""
+def _flash_attn_forward_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
+    causal: bool, window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], return_softmax: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward op (flash_attn::_flash_attn_forward) as a plain function: eager CUDA calls
+    of the autograd Functions call it directly (see _eager_direct)."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
@@ -302,71 +305,38 @@ def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_s
     return out, softmax_lse, S_dmask, rng_state
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_forward", mutates_args=(),
-                          device_types="cuda")
-def _flash_attn_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    return_softmax: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
-                                    window_size_right, softcap, alibi_slopes, return_softmax)
+_flash_attn_forward = _torch_custom_op_wrapper(
+    "flash_attn::_flash_attn_forward", _flash_attn_forward_impl, mutates_args=(),
+    device_types="cuda")
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_forward")
-def _flash_attn_forward_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    return_softmax: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@_common.register_fake_for("flash_attn::_flash_attn_forward", _flash_attn_forward_impl)
+def _flash_attn_forward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
+                             softcap, alibi_slopes, return_softmax, **_):
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     _check_return_softmax(return_softmax, dropout_p)
-    batch_size, seqlen_q, num_heads, head_size = q.shape
-    seqlen_k = k.shape[1]
-    out = torch.empty((batch_size, seqlen_q, num_heads, head_size), dtype=q.dtype,
-                      device=q.device)
-    softmax_lse = torch.empty((batch_size, num_heads, seqlen_q), dtype=torch.float32,
-                              device=q.device)
-    if return_softmax:
-        S_dmask = torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128),
-                               round_multiple(seqlen_k, 128)), dtype=q.dtype, device=q.device)
-    else:
-        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
-    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
-    return out, softmax_lse, S_dmask, rng_state
+    batch_size, seqlen_q, num_heads, _ = q.shape
+    return _common.fake_forward_outputs(q, (batch_size, num_heads, seqlen_q), return_softmax,
+                                        batch_size, seqlen_q, k.shape[1])
 
 
-def _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
-                              softmax_scale, causal, window_size_left, window_size_right, softcap,
-                              alibi_slopes, deterministic, rng_state=None):
-    """The backward op's implementation (eager CUDA calls of the autograd Functions call it
-    directly; see _attention_backward)."""
+def _flash_attn_backward_impl(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    softmax_lse: torch.Tensor, dq: Optional[torch.Tensor], dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor], dropout_p: float, softmax_scale: float, causal: bool,
+    window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The backward op (flash_attn::_flash_attn_backward) as a plain function: eager CUDA calls
+    of the autograd Functions call it directly (see _eager_direct)."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
                                         k.shape[1], alibi_slopes is not None)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    if dropout_p > 0.0 and rng_state is None:
-        raise FlashAttnValueError(
-            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
-        )
+    _common.check_rng_state(dropout_p, rng_state)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
     ext = _ext_for(q)
@@ -381,54 +351,14 @@ def _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropo
     return softmax_d
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_backward", mutates_args=("dq", "dk", "dv"),
-                          device_types="cuda")
-def _flash_attn_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    return _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
-                                     softmax_scale, causal, window_size_left, window_size_right,
-                                     softcap, alibi_slopes, deterministic, rng_state)
+_flash_attn_backward = _torch_custom_op_wrapper(
+    "flash_attn::_flash_attn_backward", _flash_attn_backward_impl,
+    mutates_args=("dq", "dk", "dv"), device_types="cuda")
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_backward")
-def _flash_attn_backward_fake(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+@_common.register_fake_for("flash_attn::_flash_attn_backward", _flash_attn_backward_impl)
+def _flash_attn_backward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
+                              softcap, alibi_slopes, deterministic, **_):
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
     batch_size, seqlen_q, num_heads, _ = q.shape
@@ -458,133 +388,72 @@ def _eager_direct(q):
 
 
 def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                       alibi_slopes, deterministic, return_softmax, is_grad):
-    """The forward every autograd Function shares: pad the head dim, run the op, save for
-    backward. q, k, v are unpacked (views into a packed tensor are fine)."""
-    head_size_og = q.shape[-1]
-    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+                       alibi_slopes, deterministic, return_softmax, is_grad_enabled, qkv=None,
+                       kv=None):
+    """The forward every dense autograd Function shares: check the arguments (q, k, v, or
+    qkv, or q and kv, as _check_inputs takes them), then _common.padded_forward."""
+    (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+     return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
+                                     alibi_slopes, deterministic, qkv=qkv, kv=kv,
+                                     softmax_scale=softmax_scale, return_softmax=return_softmax)
+    if qkv is not None:
+        is_grad = qkv.requires_grad
+        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
+    elif kv is not None:
+        is_grad = any(x.requires_grad for x in (q, kv))
+        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
+    else:
+        is_grad = any(x.requires_grad for x in (q, k, v))
     forward_fn = _flash_attn_forward_impl if _eager_direct(q) else _wrapped_flash_attn_forward
-    out_padded, softmax_lse, S_dmask, rng_state = forward_fn(
-        q,
-        k,
-        v,
-        dropout_p,
-        softmax_scale,
-        causal=causal,
-        window_size_left=window_size[0],
-        window_size_right=window_size[1],
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_softmax=return_softmax and dropout_p > 0,
-    )
-    if is_grad:
-        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
-        ctx.dropout_p = dropout_p
-        ctx.softmax_scale = softmax_scale
-        ctx.causal = causal
-        ctx.window_size = window_size
-        ctx.softcap = softcap
-        ctx.alibi_slopes = alibi_slopes
-        ctx.deterministic = deterministic
-    out = out_padded[..., :head_size_og]
-    return out if not return_softmax else (out, softmax_lse, S_dmask)
+    return _common.padded_forward(ctx, forward_fn, q, k, v, (), dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_softmax, is_grad_enabled and is_grad)
 
 
 def _attention_backward(ctx, dout, dq, dk, dv):
-    """The backward every autograd Function shares: writes the padded gradients into dq, dk,
-    dv (which may be views into one packed gradient)."""
-    q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+    """The backward every dense autograd Function shares (see _common.padded_backward)."""
+    q = ctx.saved_tensors[0]
     backward_fn = _flash_attn_backward_impl if _eager_direct(q) else _wrapped_flash_attn_backward
-    backward_fn(
-        _pad_to_multiple_of_8(dout, dout.shape[-1]),
-        q,
-        k,
-        v,
-        out,
-        softmax_lse,
-        dq,
-        dk,
-        dv,
-        ctx.dropout_p,
-        ctx.softmax_scale,
-        ctx.causal,
-        ctx.window_size[0],
-        ctx.window_size[1],
-        ctx.softcap,
-        ctx.alibi_slopes,
-        ctx.deterministic,
-        rng_state=rng_state,
-    )
+    _common.padded_backward(ctx, backward_fn, dout, dq, dk, dv)
 
 
 class FlashAttnQKVPackedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-         return_softmax) = _check_inputs(None, None, None, dropout_p, causal, window_size,
-                                         softcap, alibi_slopes, deterministic, qkv=qkv,
-                                         softmax_scale=softmax_scale,
-                                         return_softmax=return_softmax)
-        is_grad = is_grad_enabled and qkv.requires_grad
-        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
-        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
+        return _attention_forward(ctx, None, None, None, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_softmax, is_grad_enabled, qkv=qkv)
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q = ctx.saved_tensors[0]
-        dqkv = torch.empty(q.shape[:-2] + (3, *q.shape[-2:]), dtype=q.dtype, device=q.device)
-        _attention_backward(ctx, dout, dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2])
-        dqkv = dqkv[..., : dout.shape[-1]]
-        return dqkv, None, None, None, None, None, None, None, None, None
+        return _common.attention_grads(ctx, dout, _attention_backward, 3) + (None,) * 9
 
 
 class FlashAttnKVPackedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-         return_softmax) = _check_inputs(q, None, None, dropout_p, causal, window_size, softcap,
-                                         alibi_slopes, deterministic, kv=kv,
-                                         softmax_scale=softmax_scale,
-                                         return_softmax=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
-        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
-        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
+        return _attention_forward(ctx, q, None, None, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_softmax, is_grad_enabled, kv=kv)
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q, k = ctx.saved_tensors[:2]
-        dq = torch.empty_like(q)
-        dkv = torch.empty(k.shape[:-2] + (2, *k.shape[-2:]), dtype=k.dtype, device=k.device)
-        _attention_backward(ctx, dout, dq, dkv[:, :, 0], dkv[:, :, 1])
-        d = dout.shape[-1]
-        return dq[..., :d], dkv[..., :d], None, None, None, None, None, None, None, None, None
+        return _common.attention_grads(ctx, dout, _attention_backward, 2) + (None,) * 9
 
 
 class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-         return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
-                                         alibi_slopes, deterministic,
-                                         softmax_scale=softmax_scale,
-                                         return_softmax=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
         return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
+                                  softcap, alibi_slopes, deterministic, return_softmax,
+                                  is_grad_enabled)
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q, k, v = ctx.saved_tensors[:3]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _attention_backward(ctx, dout, dq, dk, dv)
-        d = dout.shape[-1]
-        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None, None, None, None, None, None
+        return _common.attention_grads(ctx, dout, _attention_backward, 0) + (None,) * 9
 
 
 # ---------------------------------------------------------------------------------------
