@@ -18,11 +18,12 @@ flash_attn._checks, shared with the dense path (see flash_attn.set_strict_checks
 values are looked at and what that costs).
 """
 
+import contextlib
 from typing import Optional, Tuple, Union
 
 import torch
 
-from flash_attn import _checks
+from flash_attn import _checks, _common
 from flash_attn._checks import (
     FlashAttnTypeError,
     FlashAttnValueError,
@@ -45,7 +46,6 @@ from flash_attn._common import (
     fix_dq as _fix_dq,
     kernel_q_and_scale as _kernel_q_and_scale,
     maybe_contiguous,
-    round_multiple,
 )
 
 __all__ = [
@@ -285,79 +285,32 @@ def _flash_attn_varlen_forward(
     return out, softmax_lse, S_dmask, rng_state
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_varlen_forward")
-def _flash_attn_varlen_forward_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int = -1,
-    window_size_right: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    return_softmax: bool = False,
-    block_table: Optional[torch.Tensor] = None,
-    leftpad_k: Optional[torch.Tensor] = None,
-    seqused_k: Optional[torch.Tensor] = None,
-    zero_tensors: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@_common.register_fake_for("flash_attn::_flash_attn_varlen_forward", _flash_attn_varlen_forward)
+def _flash_attn_varlen_forward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
+                                    softcap, return_softmax, **_):
     _check_dropout_softcap(dropout_p, softcap)
     _check_return_softmax(return_softmax, dropout_p)
     max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
-    batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    softmax_lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
-    if return_softmax:
-        S_dmask = torch.empty((batch_size, num_heads, round_multiple(max_seqlen_q, 128),
-                               round_multiple(max_seqlen_k, 128)), dtype=q.dtype,
-                              device=q.device)
-    else:
-        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
-    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
-    return out, softmax_lse, S_dmask, rng_state
+    return _common.fake_forward_outputs(q, (num_heads, total_q), return_softmax,
+                                        cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
 
 
 @_torch_custom_op_wrapper("flash_attn::_flash_attn_varlen_backward",
                           mutates_args=("dq", "dk", "dv"), device_types="cuda")
 def _flash_attn_varlen_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-    zero_tensors: bool = False,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    softmax_lse: torch.Tensor, dq: Optional[torch.Tensor], dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float, causal: bool,
+    window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None, zero_tensors: bool = False,
 ) -> torch.Tensor:
     _check_dropout_softcap(dropout_p, softcap)
     _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
-    if dropout_p > 0.0 and rng_state is None:
-        raise FlashAttnValueError(
-            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
-        )
+    _common.check_rng_state(dropout_p, rng_state)
     max_seqlen_q, max_seqlen_k = _check_varlen_op_values(q, k, cu_seqlens_q, cu_seqlens_k,
                                                          max_seqlen_q, max_seqlen_k)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
@@ -376,32 +329,9 @@ def _flash_attn_varlen_backward(
     return softmax_d
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_varlen_backward")
-def _flash_attn_varlen_backward_fake(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-    zero_tensors: bool = False,
-) -> torch.Tensor:
+@_common.register_fake_for("flash_attn::_flash_attn_varlen_backward", _flash_attn_varlen_backward)
+def _flash_attn_varlen_backward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
+                                     softcap, **_):
     _check_dropout_softcap(dropout_p, softcap)
     _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
@@ -427,108 +357,47 @@ else:
 def _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                     deterministic, return_softmax, block_table, is_grad):
-    head_size_og = q.shape[-1]
-    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+    """The forward every varlen autograd Function shares (see _common.padded_forward)."""
     # Whether the op checks the values of cu_seqlens now: then the backward need not again.
     values_checked = is_grad and _checks.value_checks_apply(cu_seqlens_q, cu_seqlens_k)
-    out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_varlen_forward(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        dropout_p,
-        softmax_scale,
-        causal=causal,
-        window_size_left=window_size[0],
-        window_size_right=window_size[1],
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_softmax=return_softmax and dropout_p > 0,
-        block_table=block_table,
-    )
+    result = _common.padded_forward(
+        ctx, _wrapped_flash_attn_varlen_forward, q, k, v,
+        (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad,
+        saved_index=(cu_seqlens_q, cu_seqlens_k), block_table=block_table)
     if is_grad:
-        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, cu_seqlens_q, cu_seqlens_k,
-                              rng_state)
-        ctx.dropout_p = dropout_p
         ctx.max_seqlen_q = max_seqlen_q
         ctx.max_seqlen_k = max_seqlen_k
-        ctx.softmax_scale = softmax_scale
-        ctx.causal = causal
-        ctx.window_size = window_size
-        ctx.softcap = softcap
-        ctx.alibi_slopes = alibi_slopes
-        ctx.deterministic = deterministic
         ctx.paged = block_table is not None
         ctx.checked_versions = ((_checks.tensor_version(cu_seqlens_q),
                                  _checks.tensor_version(cu_seqlens_k)) if values_checked
                                 else None)
-    out = out_padded[..., :head_size_og]
-    return out if not return_softmax else (out, softmax_lse, S_dmask)
+    return result
 
 
 def _varlen_backward(ctx, dout, dq, dk, dv):
+    """The backward every varlen autograd Function shares (see _common.padded_backward)."""
     if ctx.paged:
         raise NotImplementedError(
             "flash_attn: the backward pass of flash_attn_varlen_func with block_table (paged KV) "
             "is not implemented (upstream has none either)"
         )
-    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, rng_state = ctx.saved_tensors
+    cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors[5:7]
     checked = ctx.checked_versions
-    if checked is not None and None not in checked and checked == (
-            _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k)):
-        # The forward checked these cu_seqlens and they have not been modified since (autograd
-        # also refuses saved tensors modified in place).
-        with _checks.trusted_values():
-            _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse,
-                                    cu_seqlens_q, cu_seqlens_k, rng_state)
-    else:
-        _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse, cu_seqlens_q,
-                                cu_seqlens_k, rng_state)
-
-
-def _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse, cu_seqlens_q,
-                            cu_seqlens_k, rng_state):
-    _wrapped_flash_attn_varlen_backward(
-        _pad_to_multiple_of_8(dout, dout.shape[-1]),
-        q,
-        k,
-        v,
-        out,
-        softmax_lse,
-        dq,
-        dk,
-        dv,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        ctx.max_seqlen_q,
-        ctx.max_seqlen_k,
-        ctx.dropout_p,
-        ctx.softmax_scale,
-        ctx.causal,
-        ctx.window_size[0],
-        ctx.window_size[1],
-        ctx.softcap,
-        ctx.alibi_slopes,
-        ctx.deterministic,
-        rng_state=rng_state,
-    )
+    # Trusted when the forward checked these cu_seqlens and they have not been modified since
+    # (autograd also refuses saved tensors modified in place).
+    trusted = checked is not None and None not in checked and checked == (
+        _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k))
+    with _checks.trusted_values() if trusted else contextlib.nullcontext():
+        _common.padded_backward(ctx, _wrapped_flash_attn_varlen_backward, dout, dq, dk, dv,
+                                (cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k))
 
 
 class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
                 softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled):
-        if not isinstance(qkv, torch.Tensor):
-            raise FlashAttnTypeError(f"flash_attn: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-        if qkv.dim() != 4 or qkv.shape[1] != 3:
-            raise FlashAttnValueError(
-                "flash_attn: qkv must have shape (total, 3, nheads, headdim), got shape "
-                f"{_fmt_shape(qkv)}"
-            )
+        _checks.check_packed(qkv, "qkv", 4, 3, "(total, 3, nheads, headdim)")
         q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
         (max_seqlen, _, _, dropout_p, softmax_scale, causal, window_size, softcap,
          deterministic, return_softmax) = _check_varlen_inputs(
@@ -543,11 +412,7 @@ class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q = ctx.saved_tensors[0]
-        dqkv = torch.empty((q.shape[0], 3, *q.shape[1:]), dtype=q.dtype, device=q.device)
-        _varlen_backward(ctx, dout, dqkv[:, 0], dqkv[:, 1], dqkv[:, 2])
-        dqkv = dqkv[..., : dout.shape[-1]]
-        return (dqkv,) + (None,) * 11
+        return _common.attention_grads(ctx, dout, _varlen_backward, 3) + (None,) * 11
 
 
 class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
@@ -555,13 +420,7 @@ class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
     def forward(ctx, q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, is_grad_enabled):
-        if not isinstance(kv, torch.Tensor):
-            raise FlashAttnTypeError(f"flash_attn: kv must be a torch.Tensor, got {type(kv).__name__}")
-        if kv.dim() != 4 or kv.shape[1] != 2:
-            raise FlashAttnValueError(
-                "flash_attn: kv must have shape (total_k, 2, nheads_k, headdim), got shape "
-                f"{_fmt_shape(kv)}"
-            )
+        _checks.check_packed(kv, "kv", 4, 2, "(total_k, 2, nheads_k, headdim)")
         k, v = kv[:, 0].detach(), kv[:, 1].detach()
         (max_seqlen_q, max_seqlen_k, _, dropout_p, softmax_scale, causal, window_size, softcap,
          deterministic, return_softmax) = _check_varlen_inputs(
@@ -575,12 +434,7 @@ class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q, k = ctx.saved_tensors[:2]
-        dq = torch.empty_like(q)
-        dkv = torch.empty((k.shape[0], 2, *k.shape[1:]), dtype=k.dtype, device=k.device)
-        _varlen_backward(ctx, dout, dq, dkv[:, 0], dkv[:, 1])
-        d = dout.shape[-1]
-        return (dq[..., :d], dkv[..., :d]) + (None,) * 13
+        return _common.attention_grads(ctx, dout, _varlen_backward, 2) + (None,) * 13
 
 
 class FlashAttnVarlenFunc(torch.autograd.Function):
@@ -601,11 +455,7 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, *args):
-        q, k, v = ctx.saved_tensors[:3]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _varlen_backward(ctx, dout, dq, dk, dv)
-        d = dout.shape[-1]
-        return (dq[..., :d], dk[..., :d], dv[..., :d]) + (None,) * 14
+        return _common.attention_grads(ctx, dout, _varlen_backward, 0) + (None,) * 14
 
 
 # ---------------------------------------------------------------------------------------

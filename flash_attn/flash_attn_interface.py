@@ -142,27 +142,11 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
     TypeError / ValueError and RuntimeError) naming the offending argument.
     """
     if qkv is not None:
-        if not isinstance(qkv, torch.Tensor):
-            raise FlashAttnTypeError(
-                f"flash_attn: qkv must be a torch.Tensor, got {type(qkv).__name__}"
-            )
-        if qkv.dim() != 5 or qkv.shape[2] != 3:
-            raise FlashAttnValueError(
-                "flash_attn: qkv must have shape (batch_size, seqlen, 3, nheads, headdim), "
-                f"got shape {_fmt_shape(qkv)}"
-            )
+        _checks.check_packed(qkv, "qkv", 5, 3, "(batch_size, seqlen, 3, nheads, headdim)")
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         names = ("qkv", "qkv", "qkv")
     elif kv is not None:
-        if not isinstance(kv, torch.Tensor):
-            raise FlashAttnTypeError(
-                f"flash_attn: kv must be a torch.Tensor, got {type(kv).__name__}"
-            )
-        if kv.dim() != 5 or kv.shape[2] != 2:
-            raise FlashAttnValueError(
-                "flash_attn: kv must have shape (batch_size, seqlen_k, 2, nheads_k, headdim), "
-                f"got shape {_fmt_shape(kv)}"
-            )
+        _checks.check_packed(kv, "kv", 5, 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)")
         k, v = kv[:, :, 0], kv[:, :, 1]
         names = ("q", "kv", "kv")
     else:
