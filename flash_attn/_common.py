@@ -200,11 +200,12 @@ def fake_forward_outputs(q, lse_shape, return_softmax, batch_size, seqlen_q, seq
 
 def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scale, causal,
                    window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad,
-                   saved_index=(), **op_kwargs):
+                   packed=0, saved_index=(), **op_kwargs):
     """The forward of every autograd Function: pad the head dim, run forward_fn (the op, called
     as forward_fn(q, k, v, *index_args, dropout_p, softmax_scale, ...)), save for backward.
-    q, k, v are unpacked (views into a packed tensor are fine).  The saved tensors are
-    (q, k, v, out, softmax_lse, *saved_index, rng_state), all padded."""
+    q, k, v are unpacked (views into a packed tensor are fine); packed: how the Function got
+    them (see attention_grads).  The saved tensors are (q, k, v, out, softmax_lse,
+    *saved_index, rng_state), all padded."""
     head_size_og = q.shape[-1]
     softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
     q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
@@ -222,6 +223,7 @@ def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scal
         ctx.softcap = softcap
         ctx.alibi_slopes = alibi_slopes
         ctx.deterministic = deterministic
+        ctx.packed = packed
     out = out_padded[..., :head_size_og]
     return out if not return_softmax else (out, softmax_lse, S_dmask)
 
@@ -241,22 +243,33 @@ def padded_backward(ctx, backward_fn, dout, dq, dk, dv, index_args=()):
     )
 
 
+def split_inputs(inputs):
+    """(q, k, v, qkv, kv, packed) from an autograd Function's tensor inputs (q, k, v), (q, kv) or
+    (qkv,), the ones it did not get None; packed: 0, 2 or 3 (see attention_grads)."""
+    if len(inputs) == 1:
+        return None, None, None, inputs[0], None, 3
+    if len(inputs) == 2:
+        return inputs[0], None, None, None, inputs[1], 2
+    q, k, v = inputs
+    return q, k, v, None, None, 0
+
+
 def _empty_packed(x, n):
     """An empty gradient of n tensors shaped like x, stacked at dim -3 (as qkv / kv are)."""
     return torch.empty(x.shape[:-2] + (n, *x.shape[-2:]), dtype=x.dtype, device=x.device)
 
 
-def attention_grads(ctx, dout, run_backward, packed):
-    """The gradients an autograd Function returns for its tensor inputs, cut back to the head
-    dim the caller passed: (dqkv,) with packed == 3, (dq, dkv) with packed == 2, else
-    (dq, dk, dv).  run_backward(ctx, dout, dq, dk, dv) writes them (through views for the
-    packed ones)."""
+def attention_grads(ctx, dout, run_backward):
+    """The gradients an autograd Function returns, its tensor inputs' cut back to the head dim
+    the caller passed: (dqkv,) for one packed qkv (ctx.packed == 3), (dq, dkv) for q and a
+    packed kv (2), else (dq, dk, dv); None for every other input.  run_backward(ctx, dout, dq,
+    dk, dv) writes them (through views for the packed ones)."""
     q, k, v = ctx.saved_tensors[:3]
-    if packed == 3:
+    if ctx.packed == 3:
         dqkv = _empty_packed(q, 3)
         run_backward(ctx, dout, *dqkv.unbind(-3))
         grads = (dqkv,)
-    elif packed == 2:
+    elif ctx.packed == 2:
         dq, dkv = torch.empty_like(q), _empty_packed(k, 2)
         run_backward(ctx, dout, dq, *dkv.unbind(-3))
         grads = (dq, dkv)
@@ -264,4 +277,16 @@ def attention_grads(ctx, dout, run_backward, packed):
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
         run_backward(ctx, dout, *grads)
     d = dout.shape[-1]
-    return tuple(g[..., :d] for g in grads)
+    return tuple(g[..., :d] for g in grads) + (None,) * (len(ctx.needs_input_grad) - len(grads))
+
+
+def attention_function(run_backward):
+    """A base class for the autograd Functions whose forward ends in padded_forward: their
+    backward is attention_grads with run_backward."""
+
+    class AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def backward(ctx, dout, *args):
+            return attention_grads(ctx, dout, run_backward)
+
+    return AttentionFunction

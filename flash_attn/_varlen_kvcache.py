@@ -33,18 +33,9 @@ from flash_attn._checks import (
     fmt_shape as _fmt_shape,
 )
 from flash_attn._common import (
-    _ALLOWED_DEVICE_TYPES,
-    _HAS_CUSTOM_OP,
-    _MAX_HEADDIM,
-    _SUPPORTED_DTYPES,
-    _default_softmax_scale,
-    _ext_for,
-    _is_compiling,
-    _pad_to_multiple_of_8,
-    _torch_custom_op_wrapper,
-    _torch_register_fake_wrapper,
-    fix_dq as _fix_dq,
-    kernel_q_and_scale as _kernel_q_and_scale,
+    _ALLOWED_DEVICE_TYPES, _HAS_CUSTOM_OP, _MAX_HEADDIM, _SUPPORTED_DTYPES, _default_softmax_scale,
+    _ext_for, _is_compiling, _pad_to_multiple_of_8, _torch_custom_op_wrapper,
+    _torch_register_fake_wrapper, fix_dq as _fix_dq, kernel_q_and_scale as _kernel_q_and_scale,
     maybe_contiguous,
 )
 
@@ -354,16 +345,35 @@ else:
 # ---------------------------------------------------------------------------------------
 
 
-def _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+def _varlen_forward(ctx, inputs, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                    deterministic, return_softmax, block_table, is_grad):
-    """The forward every varlen autograd Function shares (see _common.padded_forward)."""
+                    deterministic, return_softmax, block_table, is_grad_enabled):
+    """The forward every varlen autograd Function shares.  inputs: its tensor inputs, (q, k, v),
+    (q, kv) or (qkv,) (then cu_seqlens_q is cu_seqlens_k and max_seqlen_q max_seqlen_k):
+    checked (_check_varlen_inputs) and unpacked, then _common.padded_forward."""
+    q, k, v, qkv, kv, packed = _common.split_inputs(inputs)
+    names, max_names = ("q", "k", "v"), ("max_seqlen_q", "max_seqlen_k")
+    if qkv is not None:
+        _checks.check_packed(qkv, "qkv", 4, 3, "(total, 3, nheads, headdim)")
+        q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
+        names, max_names = ("qkv", "qkv", "qkv"), ("max_seqlen", "max_seqlen")
+    elif kv is not None:
+        _checks.check_packed(kv, "kv", 4, 2, "(total_k, 2, nheads_k, headdim)")
+        k, v = kv[:, 0].detach(), kv[:, 1].detach()
+        names = ("q", "kv", "kv")
+    (max_seqlen_q, max_seqlen_k, block_table, dropout_p, softmax_scale, causal, window_size,
+     softcap, deterministic, return_softmax) = _check_varlen_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, window_size,
+        softcap, alibi_slopes, deterministic, block_table=block_table, names=names,
+        softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax,
+        max_names=max_names)
+    is_grad = is_grad_enabled and any(x.requires_grad for x in inputs)
     # Whether the op checks the values of cu_seqlens now: then the backward need not again.
     values_checked = is_grad and _checks.value_checks_apply(cu_seqlens_q, cu_seqlens_k)
     result = _common.padded_forward(
         ctx, _wrapped_flash_attn_varlen_forward, q, k, v,
         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p, softmax_scale,
-        causal, window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad, packed,
         saved_index=(cu_seqlens_q, cu_seqlens_k), block_table=block_table)
     if is_grad:
         ctx.max_seqlen_q = max_seqlen_q
@@ -393,69 +403,38 @@ def _varlen_backward(ctx, dout, dq, dk, dv):
                                 (cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k))
 
 
-class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
+_VarlenAttnFunc = _common.attention_function(_varlen_backward)
+
+
+class FlashAttnVarlenQKVPackedFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
                 softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled):
-        _checks.check_packed(qkv, "qkv", 4, 3, "(total, 3, nheads, headdim)")
-        q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
-        (max_seqlen, _, _, dropout_p, softmax_scale, causal, window_size, softcap,
-         deterministic, return_softmax) = _check_varlen_inputs(
-            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, window_size,
-            softcap, alibi_slopes, deterministic, names=("qkv", "qkv", "qkv"),
-            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax,
-            max_names=("max_seqlen", "max_seqlen"))
-        is_grad = is_grad_enabled and qkv.requires_grad
-        return _varlen_forward(ctx, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+        return _varlen_forward(ctx, (qkv,), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                dropout_p, softmax_scale, causal, window_size, softcap,
-                               alibi_slopes, deterministic, return_softmax, None, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        return _common.attention_grads(ctx, dout, _varlen_backward, 3) + (None,) * 11
+                               alibi_slopes, deterministic, return_softmax, None, is_grad_enabled)
 
 
-class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
+class FlashAttnVarlenKVPackedFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, is_grad_enabled):
-        _checks.check_packed(kv, "kv", 4, 2, "(total_k, 2, nheads_k, headdim)")
-        k, v = kv[:, 0].detach(), kv[:, 1].detach()
-        (max_seqlen_q, max_seqlen_k, _, dropout_p, softmax_scale, causal, window_size, softcap,
-         deterministic, return_softmax) = _check_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            window_size, softcap, alibi_slopes, deterministic, names=("q", "kv", "kv"),
-            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
-        return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        return _varlen_forward(ctx, (q, kv), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                               softcap, alibi_slopes, deterministic, return_softmax, None, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        return _common.attention_grads(ctx, dout, _varlen_backward, 2) + (None,) * 13
+                               softcap, alibi_slopes, deterministic, return_softmax, None,
+                               is_grad_enabled)
 
 
-class FlashAttnVarlenFunc(torch.autograd.Function):
+class FlashAttnVarlenFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, block_table, is_grad_enabled):
-        (max_seqlen_q, max_seqlen_k, block_table, dropout_p, softmax_scale, causal, window_size,
-         softcap, deterministic, return_softmax) = _check_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            window_size, softcap, alibi_slopes, deterministic, block_table=block_table,
-            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
-        return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        return _varlen_forward(ctx, (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                softcap, alibi_slopes, deterministic, return_softmax, block_table,
-                               is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        return _common.attention_grads(ctx, dout, _varlen_backward, 0) + (None,) * 14
+                               is_grad_enabled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -463,19 +442,10 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------
 
 
-def flash_attn_varlen_qkvpacked_func(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
     """Attention on a packed variable-length batch with Q, K, V stacked: qkv (total, 3, nheads,
     headdim); cu_seqlens int32 (batch_size + 1,); max_seqlen the longest sequence (a Python int).
     Sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1]; causal masks and windows apply within
@@ -488,22 +458,10 @@ def flash_attn_varlen_qkvpacked_func(
     )
 
 
-def flash_attn_varlen_kvpacked_func(
-    q,
-    kv,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False):
     """Variable-length attention with K and V stacked: q (total_q, nheads, headdim), kv
     (total_k, 2, nheads_k, headdim). MQA/GQA when nheads_k divides nheads. Causal is aligned to
     the bottom-right corner of each sequence's own (seqlen_q, seqlen_k) block. See
@@ -515,24 +473,10 @@ def flash_attn_varlen_kvpacked_func(
     )
 
 
-def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
     """Attention on a packed variable-length batch.
 
     Arguments:

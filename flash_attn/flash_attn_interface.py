@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from flash_attn import _checks, _common
+from flash_attn import _checks, _common, _varlen_kvcache
 from flash_attn._checks import (  # noqa: F401 (re-exported names)
     FlashAttnTypeError,
     FlashAttnValueError,
@@ -72,14 +72,7 @@ __all__ = [
     "FlashAttnTypeError",
     "set_strict_checks",
     "strict_checks_enabled",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_with_kvcache",
-    "FlashAttnVarlenFunc",
-    "FlashAttnVarlenQKVPackedFunc",
-    "FlashAttnVarlenKVPackedFunc",
-]
+] + _varlen_kvcache.__all__
 
 
 def __getattr__(name):
@@ -371,73 +364,58 @@ def _eager_direct(q):
     return q.device.type == "cuda" and not _is_compiling()
 
 
-def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                       alibi_slopes, deterministic, return_softmax, is_grad_enabled, qkv=None,
-                       kv=None):
-    """The forward every dense autograd Function shares: check the arguments (q, k, v, or
-    qkv, or q and kv, as _check_inputs takes them), then _common.padded_forward."""
+def _dense_forward(ctx, inputs, dropout_p, softmax_scale, causal, window_size, softcap,
+                   alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+    """The forward every dense autograd Function shares.  inputs: its tensor inputs, (q, k, v),
+    (q, kv) or (qkv,): checked (_check_inputs) and unpacked, then _common.padded_forward."""
+    q, k, v, qkv, kv, packed = _common.split_inputs(inputs)
     (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
      return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
                                      alibi_slopes, deterministic, qkv=qkv, kv=kv,
                                      softmax_scale=softmax_scale, return_softmax=return_softmax)
+    is_grad = is_grad_enabled and any(x.requires_grad for x in inputs)
     if qkv is not None:
-        is_grad = qkv.requires_grad
         q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
     elif kv is not None:
-        is_grad = any(x.requires_grad for x in (q, kv))
         k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
-    else:
-        is_grad = any(x.requires_grad for x in (q, k, v))
     forward_fn = _flash_attn_forward_impl if _eager_direct(q) else _wrapped_flash_attn_forward
     return _common.padded_forward(ctx, forward_fn, q, k, v, (), dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_softmax, is_grad_enabled and is_grad)
+                                  return_softmax, is_grad, packed)
 
 
-def _attention_backward(ctx, dout, dq, dk, dv):
+def _dense_backward(ctx, dout, dq, dk, dv):
     """The backward every dense autograd Function shares (see _common.padded_backward)."""
     q = ctx.saved_tensors[0]
     backward_fn = _flash_attn_backward_impl if _eager_direct(q) else _wrapped_flash_attn_backward
     _common.padded_backward(ctx, backward_fn, dout, dq, dk, dv)
 
 
-class FlashAttnQKVPackedFunc(torch.autograd.Function):
+_DenseAttnFunc = _common.attention_function(_dense_backward)
+
+
+class FlashAttnQKVPackedFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        return _attention_forward(ctx, None, None, None, dropout_p, softmax_scale, causal,
-                                  window_size, softcap, alibi_slopes, deterministic,
-                                  return_softmax, is_grad_enabled, qkv=qkv)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        return _common.attention_grads(ctx, dout, _attention_backward, 3) + (None,) * 9
+        return _dense_forward(ctx, (qkv,), dropout_p, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, deterministic, return_softmax, is_grad_enabled)
 
 
-class FlashAttnKVPackedFunc(torch.autograd.Function):
+class FlashAttnKVPackedFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        return _attention_forward(ctx, q, None, None, dropout_p, softmax_scale, causal,
-                                  window_size, softcap, alibi_slopes, deterministic,
-                                  return_softmax, is_grad_enabled, kv=kv)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        return _common.attention_grads(ctx, dout, _attention_backward, 2) + (None,) * 9
+        return _dense_forward(ctx, (q, kv), dropout_p, softmax_scale, causal, window_size,
+                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled)
 
 
-class FlashAttnFunc(torch.autograd.Function):
+class FlashAttnFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax,
-                                  is_grad_enabled)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        return _common.attention_grads(ctx, dout, _attention_backward, 0) + (None,) * 9
+        return _dense_forward(ctx, (q, k, v), dropout_p, softmax_scale, causal, window_size,
+                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -490,29 +468,12 @@ _COMMON_ARGS_DOC = """
 """
 
 
-def flash_attn_qkvpacked_func(
-    qkv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # <= 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    return FlashAttnQKVPackedFunc.apply(
-        qkv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        torch.is_grad_enabled(),
-    )
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    return FlashAttnQKVPackedFunc.apply(qkv, dropout_p, softmax_scale, causal, window_size,
+                                        softcap, alibi_slopes, deterministic, return_attn_probs,
+                                        torch.is_grad_enabled())
 
 
 flash_attn_qkvpacked_func.__doc__ = (
@@ -532,31 +493,12 @@ flash_attn_qkvpacked_func.__doc__ = (
 )
 
 
-def flash_attn_kvpacked_func(
-    q,
-    kv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    return FlashAttnKVPackedFunc.apply(
-        q,
-        kv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        torch.is_grad_enabled(),
-    )
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    return FlashAttnKVPackedFunc.apply(q, kv, dropout_p, softmax_scale, causal, window_size,
+                                       softcap, alibi_slopes, deterministic, return_attn_probs,
+                                       torch.is_grad_enabled())
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -578,33 +520,11 @@ flash_attn_kvpacked_func.__doc__ = (
 )
 
 
-def flash_attn_func(
-    q,
-    k,
-    v,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    return FlashAttnFunc.apply(
-        q,
-        k,
-        v,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        torch.is_grad_enabled(),
-    )
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    return FlashAttnFunc.apply(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_attn_probs,
+                               torch.is_grad_enabled())
 
 
 flash_attn_func.__doc__ = (
