@@ -112,6 +112,12 @@ def register_fake_for(op_name, op_fn):
     return wrap
 
 
+def registered_op(name, fn):
+    """What the entry points call for the custom op flash_attn::<name> made from fn: the op
+    (so that torch.compile sees it), or fn itself on torch without custom ops."""
+    return getattr(torch.ops.flash_attn, name) if _HAS_CUSTOM_OP else fn
+
+
 def _is_compiling():
     compiler = getattr(torch, "compiler", None)
     return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()

@@ -332,12 +332,10 @@ def _flash_attn_varlen_backward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k
                        device=q.device)
 
 
-if _HAS_CUSTOM_OP:
-    _wrapped_flash_attn_varlen_forward = torch.ops.flash_attn._flash_attn_varlen_forward
-    _wrapped_flash_attn_varlen_backward = torch.ops.flash_attn._flash_attn_varlen_backward
-else:
-    _wrapped_flash_attn_varlen_forward = _flash_attn_varlen_forward
-    _wrapped_flash_attn_varlen_backward = _flash_attn_varlen_backward
+_wrapped_flash_attn_varlen_forward = _common.registered_op("_flash_attn_varlen_forward",
+                                                           _flash_attn_varlen_forward)
+_wrapped_flash_attn_varlen_backward = _common.registered_op("_flash_attn_varlen_backward",
+                                                            _flash_attn_varlen_backward)
 
 
 # ---------------------------------------------------------------------------------------

@@ -343,12 +343,8 @@ def _flash_attn_backward_fake(q, k, dropout_p, causal, window_size_left, window_
                        dtype=torch.float32, device=q.device)
 
 
-if _HAS_CUSTOM_OP:
-    _wrapped_flash_attn_forward = torch.ops.flash_attn._flash_attn_forward
-    _wrapped_flash_attn_backward = torch.ops.flash_attn._flash_attn_backward
-else:
-    _wrapped_flash_attn_forward = _flash_attn_forward
-    _wrapped_flash_attn_backward = _flash_attn_backward
+_wrapped_flash_attn_forward = _common.registered_op("_flash_attn_forward", _flash_attn_forward)
+_wrapped_flash_attn_backward = _common.registered_op("_flash_attn_backward", _flash_attn_backward)
 
 
 # ---------------------------------------------------------------------------------------

@@ -238,17 +238,9 @@ def _load_offsets(ctx):
 
 class ApplyRotaryEmb(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        x,
-        cos,
-        sin,
-        interleaved=False,
-        inplace=False,
-        seqlen_offsets: Union[int, Tensor] = 0,
-        cu_seqlens: Optional[Tensor] = None,
-        max_seqlen: Optional[int] = None,
-    ):
+    def forward(ctx, x, cos, sin, interleaved=False, inplace=False,
+                seqlen_offsets: Union[int, Tensor] = 0, cu_seqlens: Optional[Tensor] = None,
+                max_seqlen: Optional[int] = None):
         out = apply_rotary(
             x,
             cos,
