@@ -297,6 +297,16 @@ def check_alibi(alibi_slopes, batch_size, nheads, device):
         )
 
 
+def check_packed(x, name, dims, n, shape_doc):
+    """A packed argument (qkv, kv): a tensor of dims dimensions stacking n tensors at dim -3."""
+    if not isinstance(x, torch.Tensor):
+        raise FlashAttnTypeError(f"flash_attn: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != dims or x.shape[-3] != n:
+        raise FlashAttnValueError(
+            f"flash_attn: {name} must have shape {shape_doc}, got shape {fmt_shape(x)}"
+        )
+
+
 def max_seqlen_arg(x, name):
     """max_seqlen_q / max_seqlen_k: an int in [0, MAX_SEQLEN] (C++ rounds it up to a multiple
     of 128 in int32)."""

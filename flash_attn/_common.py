@@ -2,12 +2,14 @@
 (_varlen_kvcache) entry points: loading the extension, the custom-op shims, head-dim padding
 and the softmax_scale transform in front of the kernels.  Imports only flash_attn._checks."""
 
+import functools
 import importlib
+import inspect
 
 import torch
 import torch.nn.functional as F
 
-from flash_attn._checks import MAX_SOFTMAX_SCALE, check_softmax_scale_value
+from flash_attn._checks import FlashAttnValueError, MAX_SOFTMAX_SCALE, check_softmax_scale_value
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 # "meta" is accepted so that shape inference (meta device, fake tensors) works; the op's
@@ -103,6 +105,34 @@ else:  # torch < 2.4: no custom ops, no torch.compile support
         return wrap if fn is None else wrap(fn)
 
 
+def register_fake_for(op_name, op_fn):
+    """Decorator: register the function as the fake (meta) implementation of the custom op
+    op_name, whose Python signature is op_fn's (a plain function, or the custom op made from
+    one).  The signature is written once, on op_fn: the fake is called with the op's arguments
+    bound to op_fn's parameter names, defaults filled in, and takes the ones it reads by name
+    (the rest in **_).  The function returned takes the arguments as op_fn does."""
+    # A CustomOpDef keeps the function it was made from; its own signature is (*args, **kwargs).
+    signature = inspect.signature(getattr(op_fn, "_init_fn", op_fn))
+
+    def wrap(fake):
+        @functools.wraps(fake)
+        def bound_fake(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return fake(**bound.arguments)
+
+        bound_fake.__signature__ = signature
+        return _torch_register_fake_wrapper(op_name)(bound_fake)
+
+    return wrap
+
+
+def registered_op(name, fn):
+    """What the entry points call for the custom op flash_attn::<name> made from fn: the op
+    (so that torch.compile sees it), or fn itself on torch without custom ops."""
+    return getattr(torch.ops.flash_attn, name) if _HAS_CUSTOM_OP else fn
+
+
 def _is_compiling():
     compiler = getattr(torch, "compiler", None)
     return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
@@ -157,3 +187,127 @@ def fix_dq(dq, sign):
         dq.neg_()
     else:
         dq.zero_()
+
+
+# ---------------------------------------------------------------------------------------
+# Pieces of the ops and autograd Functions, shared by the dense and the varlen entry points.
+# The callers pass their op (or its implementation) in, so that what each module exposes
+# (its _wrapped_* ops, _ext_for) is looked up there, at call time.
+# ---------------------------------------------------------------------------------------
+
+
+def check_rng_state(dropout_p, rng_state):
+    """The backward with dropout replays the forward's mask: it needs the forward's rng_state."""
+    if dropout_p > 0.0 and rng_state is None:
+        raise FlashAttnValueError(
+            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
+        )
+
+
+def fake_forward_outputs(q, lse_shape, return_softmax, batch_size, seqlen_q, seqlen_k):
+    """(out, softmax_lse, S_dmask, rng_state) as the forward kernels return them, for the fakes:
+    S_dmask (return_softmax) is (batch, nheads, round128(seqlen_q), round128(seqlen_k))."""
+    num_heads = q.shape[-2]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if return_softmax:
+        S_dmask = torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128),
+                               round_multiple(seqlen_k, 128)), dtype=q.dtype, device=q.device)
+    else:
+        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
+    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
+    return out, softmax_lse, S_dmask, rng_state
+
+
+def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scale, causal,
+                   window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad,
+                   packed=0, saved_index=(), **op_kwargs):
+    """The forward of every autograd Function: pad the head dim, run forward_fn (the op, called
+    as forward_fn(q, k, v, *index_args, dropout_p, softmax_scale, ...)), save for backward.
+    q, k, v are unpacked (views into a packed tensor are fine); packed: how the Function got
+    them (see attention_grads).  The saved tensors are (q, k, v, out, softmax_lse,
+    *saved_index, rng_state), all padded."""
+    head_size_og = q.shape[-1]
+    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
+    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+    out_padded, softmax_lse, S_dmask, rng_state = forward_fn(
+        q, k, v, *index_args, dropout_p, softmax_scale, causal=causal,
+        window_size_left=window_size[0], window_size_right=window_size[1], softcap=softcap,
+        alibi_slopes=alibi_slopes, return_softmax=return_softmax and dropout_p > 0, **op_kwargs,
+    )
+    if is_grad:
+        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, *saved_index, rng_state)
+        ctx.dropout_p = dropout_p
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.window_size = window_size
+        ctx.softcap = softcap
+        ctx.alibi_slopes = alibi_slopes
+        ctx.deterministic = deterministic
+        ctx.packed = packed
+    out = out_padded[..., :head_size_og]
+    return out if not return_softmax else (out, softmax_lse, S_dmask)
+
+
+def padded_backward(ctx, backward_fn, dout, dq, dk, dv, index_args=()):
+    """The backward of every autograd Function (see padded_forward): runs backward_fn, which
+    writes the padded gradients into dq, dk, dv (which may be views into one packed gradient),
+    called as backward_fn(dout, q, k, v, out, softmax_lse, dq, dk, dv, *index_args, dropout_p,
+    ...)."""
+    saved = ctx.saved_tensors
+    q, k, v, out, softmax_lse, rng_state = saved[:5] + saved[-1:]
+    backward_fn(
+        _pad_to_multiple_of_8(dout, dout.shape[-1]), q, k, v, out, softmax_lse, dq, dk, dv,
+        *index_args, ctx.dropout_p, ctx.softmax_scale, ctx.causal, ctx.window_size[0],
+        ctx.window_size[1], ctx.softcap, ctx.alibi_slopes, ctx.deterministic,
+        rng_state=rng_state,
+    )
+
+
+def split_inputs(inputs):
+    """(q, k, v, qkv, kv, packed) from an autograd Function's tensor inputs (q, k, v), (q, kv) or
+    (qkv,), the ones it did not get None; packed: 0, 2 or 3 (see attention_grads)."""
+    if len(inputs) == 1:
+        return None, None, None, inputs[0], None, 3
+    if len(inputs) == 2:
+        return inputs[0], None, None, None, inputs[1], 2
+    q, k, v = inputs
+    return q, k, v, None, None, 0
+
+
+def _empty_packed(x, n):
+    """An empty gradient of n tensors shaped like x, stacked at dim -3 (as qkv / kv are)."""
+    return torch.empty(x.shape[:-2] + (n, *x.shape[-2:]), dtype=x.dtype, device=x.device)
+
+
+def attention_grads(ctx, dout, run_backward):
+    """The gradients an autograd Function returns, its tensor inputs' cut back to the head dim
+    the caller passed: (dqkv,) for one packed qkv (ctx.packed == 3), (dq, dkv) for q and a
+    packed kv (2), else (dq, dk, dv); None for every other input.  run_backward(ctx, dout, dq,
+    dk, dv) writes them (through views for the packed ones)."""
+    q, k, v = ctx.saved_tensors[:3]
+    if ctx.packed == 3:
+        dqkv = _empty_packed(q, 3)
+        run_backward(ctx, dout, *dqkv.unbind(-3))
+        grads = (dqkv,)
+    elif ctx.packed == 2:
+        dq, dkv = torch.empty_like(q), _empty_packed(k, 2)
+        run_backward(ctx, dout, dq, *dkv.unbind(-3))
+        grads = (dq, dkv)
+    else:
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        run_backward(ctx, dout, *grads)
+    d = dout.shape[-1]
+    return tuple(g[..., :d] for g in grads) + (None,) * (len(ctx.needs_input_grad) - len(grads))
+
+
+def attention_function(run_backward):
+    """A base class for the autograd Functions whose forward ends in padded_forward: their
+    backward is attention_grads with run_backward."""
+
+    class AttentionFunction(torch.autograd.Function):
+        @staticmethod
+        def backward(ctx, dout, *args):
+            return attention_grads(ctx, dout, run_backward)
+
+    return AttentionFunction

@@ -23,7 +23,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from flash_attn import _checks
+from flash_attn import _checks, _common
 from flash_attn._checks import (
     FlashAttnTypeError,
     FlashAttnValueError,
@@ -33,22 +33,11 @@ from flash_attn._checks import (
     fmt_shape as _fmt_shape,
 )
 from flash_attn._common import (
-    _ALLOWED_DEVICE_TYPES,
-    _HAS_CUSTOM_OP,
-    _MAX_HEADDIM,
-    _SUPPORTED_DTYPES,
-    _default_softmax_scale,
-    _ext_for,
-    _get_ext,
-    _is_compiling,
-    check_index_errors,
-    _pad_to_multiple_of_8,
-    _torch_custom_op_wrapper,
-    _torch_register_fake_wrapper,
-    fix_dq as _fix_dq,
+    _ALLOWED_DEVICE_TYPES, _HAS_CUSTOM_OP, _MAX_HEADDIM, _SUPPORTED_DTYPES, _default_softmax_scale,
+    _ext_for, _get_ext, _is_compiling, _pad_to_multiple_of_8, _torch_custom_op_wrapper,
+    _torch_register_fake_wrapper, check_index_errors, fix_dq as _fix_dq,
     kernel_q_and_scale as _kernel_q_and_scale,
     maybe_contiguous,
-    round_multiple,
 )
 
 __all__ = [
@@ -296,79 +285,32 @@ def _flash_attn_varlen_forward(
     return out, softmax_lse, S_dmask, rng_state
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_varlen_forward")
-def _flash_attn_varlen_forward_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int = -1,
-    window_size_right: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-    return_softmax: bool = False,
-    block_table: Optional[torch.Tensor] = None,
-    leftpad_k: Optional[torch.Tensor] = None,
-    seqused_k: Optional[torch.Tensor] = None,
-    zero_tensors: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@_common.register_fake_for("flash_attn::_flash_attn_varlen_forward", _flash_attn_varlen_forward)
+def _flash_attn_varlen_forward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
+                                    softcap, return_softmax, **_):
     _check_dropout_softcap(dropout_p, softcap)
     _check_return_softmax(return_softmax, dropout_p)
     max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
-    batch_size = cu_seqlens_q.shape[0] - 1
     total_q, num_heads, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    softmax_lse = torch.empty((num_heads, total_q), dtype=torch.float32, device=q.device)
-    if return_softmax:
-        S_dmask = torch.empty((batch_size, num_heads, round_multiple(max_seqlen_q, 128),
-                               round_multiple(max_seqlen_k, 128)), dtype=q.dtype,
-                              device=q.device)
-    else:
-        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
-    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
-    return out, softmax_lse, S_dmask, rng_state
+    return _common.fake_forward_outputs(q, (num_heads, total_q), return_softmax,
+                                        cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
 
 
 @_torch_custom_op_wrapper("flash_attn::_flash_attn_varlen_backward",
                           mutates_args=("dq", "dk", "dv"), device_types="cuda")
 def _flash_attn_varlen_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-    zero_tensors: bool = False,
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    softmax_lse: torch.Tensor, dq: Optional[torch.Tensor], dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float, softmax_scale: float, causal: bool,
+    window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None, zero_tensors: bool = False,
 ) -> torch.Tensor:
     _check_dropout_softcap(dropout_p, softcap)
     _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
-    if dropout_p > 0.0 and rng_state is None:
-        raise FlashAttnValueError(
-            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
-        )
+    _common.check_rng_state(dropout_p, rng_state)
     max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
@@ -387,32 +329,9 @@ def _flash_attn_varlen_backward(
     return softmax_d
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_varlen_backward")
-def _flash_attn_varlen_backward_fake(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-    zero_tensors: bool = False,
-) -> torch.Tensor:
+@_common.register_fake_for("flash_attn::_flash_attn_varlen_backward", _flash_attn_varlen_backward)
+def _flash_attn_varlen_backward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
+                                     softcap, **_):
     _check_dropout_softcap(dropout_p, softcap)
     _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
@@ -422,12 +341,10 @@ def _flash_attn_varlen_backward_fake(
                        device=q.device)
 
 
-if _HAS_CUSTOM_OP:
-    _wrapped_flash_attn_varlen_forward = torch.ops.flash_attn._flash_attn_varlen_forward
-    _wrapped_flash_attn_varlen_backward = torch.ops.flash_attn._flash_attn_varlen_backward
-else:
-    _wrapped_flash_attn_varlen_forward = _flash_attn_varlen_forward
-    _wrapped_flash_attn_varlen_backward = _flash_attn_varlen_backward
+_wrapped_flash_attn_varlen_forward = _common.registered_op("_flash_attn_varlen_forward",
+                                                           _flash_attn_varlen_forward)
+_wrapped_flash_attn_varlen_backward = _common.registered_op("_flash_attn_varlen_backward",
+                                                            _flash_attn_varlen_backward)
 
 
 # ---------------------------------------------------------------------------------------
@@ -435,188 +352,96 @@ else:
 # ---------------------------------------------------------------------------------------
 
 
-def _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+def _varlen_forward(ctx, inputs, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                    deterministic, return_softmax, block_table, is_grad):
-    head_size_og = q.shape[-1]
-    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+                    deterministic, return_softmax, block_table, is_grad_enabled):
+    """The forward every varlen autograd Function shares.  inputs: its tensor inputs, (q, k, v),
+    (q, kv) or (qkv,) (then cu_seqlens_q is cu_seqlens_k and max_seqlen_q max_seqlen_k):
+    checked (_check_varlen_inputs) and unpacked, then _common.padded_forward."""
+    q, k, v, qkv, kv, packed = _common.split_inputs(inputs)
+    names, max_names = ("q", "k", "v"), ("max_seqlen_q", "max_seqlen_k")
+    if qkv is not None:
+        _checks.check_packed(qkv, "qkv", 4, 3, "(total, 3, nheads, headdim)")
+        q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
+        names, max_names = ("qkv", "qkv", "qkv"), ("max_seqlen", "max_seqlen")
+    elif kv is not None:
+        _checks.check_packed(kv, "kv", 4, 2, "(total_k, 2, nheads_k, headdim)")
+        k, v = kv[:, 0].detach(), kv[:, 1].detach()
+        names = ("q", "kv", "kv")
+    (max_seqlen_q, max_seqlen_k, block_table, dropout_p, softmax_scale, causal, window_size,
+     softcap, deterministic, return_softmax) = _check_varlen_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, window_size,
+        softcap, alibi_slopes, deterministic, block_table=block_table, names=names,
+        softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax,
+        max_names=max_names)
+    is_grad = is_grad_enabled and any(x.requires_grad for x in inputs)
     # Whether the op checks the values of cu_seqlens now: then the backward need not again.
     values_checked = is_grad and _checks.value_checks_apply(cu_seqlens_q, cu_seqlens_k)
-    out_padded, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_varlen_forward(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        dropout_p,
-        softmax_scale,
-        causal=causal,
-        window_size_left=window_size[0],
-        window_size_right=window_size[1],
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_softmax=return_softmax and dropout_p > 0,
-        block_table=block_table,
-    )
+    result = _common.padded_forward(
+        ctx, _wrapped_flash_attn_varlen_forward, q, k, v,
+        (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad, packed,
+        saved_index=(cu_seqlens_q, cu_seqlens_k), block_table=block_table)
     if is_grad:
-        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, cu_seqlens_q, cu_seqlens_k,
-                              rng_state)
-        ctx.dropout_p = dropout_p
         ctx.max_seqlen_q = max_seqlen_q
         ctx.max_seqlen_k = max_seqlen_k
-        ctx.softmax_scale = softmax_scale
-        ctx.causal = causal
-        ctx.window_size = window_size
-        ctx.softcap = softcap
-        ctx.alibi_slopes = alibi_slopes
-        ctx.deterministic = deterministic
         ctx.paged = block_table is not None
         ctx.checked_versions = ((_checks.tensor_version(cu_seqlens_q),
                                  _checks.tensor_version(cu_seqlens_k)) if values_checked
                                 else None)
-    out = out_padded[..., :head_size_og]
-    return out if not return_softmax else (out, softmax_lse, S_dmask)
+    return result
 
 
 def _varlen_backward(ctx, dout, dq, dk, dv):
+    """The backward every varlen autograd Function shares (see _common.padded_backward)."""
     if ctx.paged:
         raise NotImplementedError(
             "flash_attn: the backward pass of flash_attn_varlen_func with block_table (paged KV) "
             "is not implemented (upstream has none either)"
         )
-    q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, rng_state = ctx.saved_tensors
+    cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors[5:7]
     checked = ctx.checked_versions
-    if checked is not None and None not in checked and checked == (
-            _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k)):
-        # The forward checked these cu_seqlens and they have not been modified since (autograd
-        # also refuses saved tensors modified in place).
-        with _checks.trusted_values():
-            _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse,
-                                    cu_seqlens_q, cu_seqlens_k, rng_state)
-    else:
-        _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse, cu_seqlens_q,
-                                cu_seqlens_k, rng_state)
+    # Trusted when the forward checked these cu_seqlens and they have not been modified since
+    # (autograd also refuses saved tensors modified in place).
+    trusted = checked is not None and None not in checked and checked == (
+        _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k))
+    with _checks.trusted_values() if trusted else contextlib.nullcontext():
+        _common.padded_backward(ctx, _wrapped_flash_attn_varlen_backward, dout, dq, dk, dv,
+                                (cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k))
 
 
-def _run_varlen_backward_op(ctx, dout, dq, dk, dv, q, k, v, out, softmax_lse, cu_seqlens_q,
-                            cu_seqlens_k, rng_state):
-    _wrapped_flash_attn_varlen_backward(
-        _pad_to_multiple_of_8(dout, dout.shape[-1]),
-        q,
-        k,
-        v,
-        out,
-        softmax_lse,
-        dq,
-        dk,
-        dv,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        ctx.max_seqlen_q,
-        ctx.max_seqlen_k,
-        ctx.dropout_p,
-        ctx.softmax_scale,
-        ctx.causal,
-        ctx.window_size[0],
-        ctx.window_size[1],
-        ctx.softcap,
-        ctx.alibi_slopes,
-        ctx.deterministic,
-        rng_state=rng_state,
-    )
+_VarlenAttnFunc = _common.attention_function(_varlen_backward)
 
 
-class FlashAttnVarlenQKVPackedFunc(torch.autograd.Function):
+class FlashAttnVarlenQKVPackedFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
                 softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled):
-        if not isinstance(qkv, torch.Tensor):
-            raise FlashAttnTypeError(f"flash_attn: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-        if qkv.dim() != 4 or qkv.shape[1] != 3:
-            raise FlashAttnValueError(
-                "flash_attn: qkv must have shape (total, 3, nheads, headdim), got shape "
-                f"{_fmt_shape(qkv)}"
-            )
-        q, k, v = qkv[:, 0].detach(), qkv[:, 1].detach(), qkv[:, 2].detach()
-        (max_seqlen, _, _, dropout_p, softmax_scale, causal, window_size, softcap,
-         deterministic, return_softmax) = _check_varlen_inputs(
-            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, window_size,
-            softcap, alibi_slopes, deterministic, names=("qkv", "qkv", "qkv"),
-            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax,
-            max_names=("max_seqlen", "max_seqlen"))
-        is_grad = is_grad_enabled and qkv.requires_grad
-        return _varlen_forward(ctx, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+        return _varlen_forward(ctx, (qkv,), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                dropout_p, softmax_scale, causal, window_size, softcap,
-                               alibi_slopes, deterministic, return_softmax, None, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q = ctx.saved_tensors[0]
-        dqkv = torch.empty((q.shape[0], 3, *q.shape[1:]), dtype=q.dtype, device=q.device)
-        _varlen_backward(ctx, dout, dqkv[:, 0], dqkv[:, 1], dqkv[:, 2])
-        dqkv = dqkv[..., : dout.shape[-1]]
-        return (dqkv,) + (None,) * 11
+                               alibi_slopes, deterministic, return_softmax, None, is_grad_enabled)
 
 
-class FlashAttnVarlenKVPackedFunc(torch.autograd.Function):
+class FlashAttnVarlenKVPackedFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, is_grad_enabled):
-        if not isinstance(kv, torch.Tensor):
-            raise FlashAttnTypeError(f"flash_attn: kv must be a torch.Tensor, got {type(kv).__name__}")
-        if kv.dim() != 4 or kv.shape[1] != 2:
-            raise FlashAttnValueError(
-                "flash_attn: kv must have shape (total_k, 2, nheads_k, headdim), got shape "
-                f"{_fmt_shape(kv)}"
-            )
-        k, v = kv[:, 0].detach(), kv[:, 1].detach()
-        (max_seqlen_q, max_seqlen_k, _, dropout_p, softmax_scale, causal, window_size, softcap,
-         deterministic, return_softmax) = _check_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            window_size, softcap, alibi_slopes, deterministic, names=("q", "kv", "kv"),
-            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
-        return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        return _varlen_forward(ctx, (q, kv), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                               softcap, alibi_slopes, deterministic, return_softmax, None, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q, k = ctx.saved_tensors[:2]
-        dq = torch.empty_like(q)
-        dkv = torch.empty((k.shape[0], 2, *k.shape[1:]), dtype=k.dtype, device=k.device)
-        _varlen_backward(ctx, dout, dq, dkv[:, 0], dkv[:, 1])
-        d = dout.shape[-1]
-        return (dq[..., :d], dkv[..., :d]) + (None,) * 13
+                               softcap, alibi_slopes, deterministic, return_softmax, None,
+                               is_grad_enabled)
 
 
-class FlashAttnVarlenFunc(torch.autograd.Function):
+class FlashAttnVarlenFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                 return_softmax, block_table, is_grad_enabled):
-        (max_seqlen_q, max_seqlen_k, block_table, dropout_p, softmax_scale, causal, window_size,
-         softcap, deterministic, return_softmax) = _check_varlen_inputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-            window_size, softcap, alibi_slopes, deterministic, block_table=block_table,
-            softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
-        return _varlen_forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        return _varlen_forward(ctx, (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                softcap, alibi_slopes, deterministic, return_softmax, block_table,
-                               is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q, k, v = ctx.saved_tensors[:3]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _varlen_backward(ctx, dout, dq, dk, dv)
-        d = dout.shape[-1]
-        return (dq[..., :d], dk[..., :d], dv[..., :d]) + (None,) * 14
+                               is_grad_enabled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -624,19 +449,10 @@ class FlashAttnVarlenFunc(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------
 
 
-def flash_attn_varlen_qkvpacked_func(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
     """Attention on a packed variable-length batch with Q, K, V stacked: qkv (total, 3, nheads,
     headdim); cu_seqlens int32 (batch_size + 1,); max_seqlen the longest sequence (a Python int).
     Sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1]; causal masks and windows apply within
@@ -649,22 +465,10 @@ def flash_attn_varlen_qkvpacked_func(
     )
 
 
-def flash_attn_varlen_kvpacked_func(
-    q,
-    kv,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    dropout_p=0.0, softmax_scale=None, causal=False,
+                                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                    deterministic=False, return_attn_probs=False):
     """Variable-length attention with K and V stacked: q (total_q, nheads, headdim), kv
     (total_k, 2, nheads_k, headdim). MQA/GQA when nheads_k divides nheads. Causal is aligned to
     the bottom-right corner of each sequence's own (seqlen_q, seqlen_k) block. See
@@ -676,24 +480,10 @@ def flash_attn_varlen_kvpacked_func(
     )
 
 
-def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
     """Attention on a packed variable-length batch.
 
     Arguments:

@@ -117,6 +117,18 @@ def _cu_seqlens(seqlens):
     return cu_seqlens, max_seqlen
 
 
+def _gather_kept(hidden_states, kept, seqlens_in_batch):
+    """(tokens, indices, cu_seqlens, max_seqlen_in_batch) of the unpad functions: the tokens of
+    hidden_states (batch, seqlen, ...) where kept (batch, seqlen) is True, in batch-major order,
+    and the sequences' lengths seqlens_in_batch."""
+    # Integer indices rather than a boolean mask: indexing with a bool mask would expand it
+    # over the trailing dims first, and the indices are needed by pad_input anyway.
+    indices = torch.nonzero(kept.flatten(), as_tuple=False).flatten()
+    cu_seqlens, max_seqlen_in_batch = _cu_seqlens(seqlens_in_batch)
+    return (index_first_axis(_flatten_batch(hidden_states), indices), indices, cu_seqlens,
+            max_seqlen_in_batch)
+
+
 def unpad_input(hidden_states, attention_mask, unused_mask=None):
     """Remove the padding tokens of a batch.
 
@@ -140,17 +152,7 @@ def unpad_input(hidden_states, attention_mask, unused_mask=None):
     kept = used if unused_mask is None else (used | (unused_mask != 0))
     seqlens_in_batch = kept.sum(dim=-1, dtype=torch.int32)
     seqused = used.sum(dim=-1, dtype=torch.int32)
-    # Integer indices rather than a boolean mask: indexing with a bool mask would expand it
-    # over the trailing dims first, and the indices are needed by pad_input anyway.
-    indices = torch.nonzero(kept.flatten(), as_tuple=False).flatten()
-    cu_seqlens, max_seqlen_in_batch = _cu_seqlens(seqlens_in_batch)
-    return (
-        index_first_axis(_flatten_batch(hidden_states), indices),
-        indices,
-        cu_seqlens,
-        max_seqlen_in_batch,
-        seqused,
-    )
+    return _gather_kept(hidden_states, kept, seqlens_in_batch) + (seqused,)
 
 
 def unpad_input_for_concatenated_sequences(hidden_states, attention_mask_in_length):
@@ -179,14 +181,7 @@ def unpad_input_for_concatenated_sequences(hidden_states, attention_mask_in_leng
     kept = positions.unsqueeze(0) < row_total.unsqueeze(-1)
     flat_lengths = attention_mask_in_length.flatten()
     seqlens_in_batch = flat_lengths[flat_lengths != 0]
-    indices = torch.nonzero(kept.flatten(), as_tuple=False).flatten()
-    cu_seqlens, max_seqlen_in_batch = _cu_seqlens(seqlens_in_batch)
-    return (
-        index_first_axis(_flatten_batch(hidden_states), indices),
-        indices,
-        cu_seqlens,
-        max_seqlen_in_batch,
-    )
+    return _gather_kept(hidden_states, kept, seqlens_in_batch)
 
 
 def pad_input(hidden_states, indices, batch, seqlen):

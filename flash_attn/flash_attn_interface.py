@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from flash_attn import _checks, _common
+from flash_attn import _checks, _common, _varlen_kvcache
 from flash_attn._checks import (  # noqa: F401 (re-exported names)
     FlashAttnTypeError,
     FlashAttnValueError,
@@ -74,14 +74,7 @@ __all__ = [
     "set_strict_checks",
     "strict_checks_enabled",
     "check_index_errors",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_with_kvcache",
-    "FlashAttnVarlenFunc",
-    "FlashAttnVarlenQKVPackedFunc",
-    "FlashAttnVarlenKVPackedFunc",
-]
+] + _varlen_kvcache.__all__
 
 
 def __getattr__(name):
@@ -144,27 +137,11 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
     TypeError / ValueError and RuntimeError) naming the offending argument.
     """
     if qkv is not None:
-        if not isinstance(qkv, torch.Tensor):
-            raise FlashAttnTypeError(
-                f"flash_attn: qkv must be a torch.Tensor, got {type(qkv).__name__}"
-            )
-        if qkv.dim() != 5 or qkv.shape[2] != 3:
-            raise FlashAttnValueError(
-                "flash_attn: qkv must have shape (batch_size, seqlen, 3, nheads, headdim), "
-                f"got shape {_fmt_shape(qkv)}"
-            )
+        _checks.check_packed(qkv, "qkv", 5, 3, "(batch_size, seqlen, 3, nheads, headdim)")
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         names = ("qkv", "qkv", "qkv")
     elif kv is not None:
-        if not isinstance(kv, torch.Tensor):
-            raise FlashAttnTypeError(
-                f"flash_attn: kv must be a torch.Tensor, got {type(kv).__name__}"
-            )
-        if kv.dim() != 5 or kv.shape[2] != 2:
-            raise FlashAttnValueError(
-                "flash_attn: kv must have shape (batch_size, seqlen_k, 2, nheads_k, headdim), "
-                f"got shape {_fmt_shape(kv)}"
-            )
+        _checks.check_packed(kv, "kv", 5, 2, "(batch_size, seqlen_k, 2, nheads_k, headdim)")
         k, v = kv[:, :, 0], kv[:, :, 1]
         names = ("q", "kv", "kv")
     else:
@@ -282,10 +259,13 @@ def _get_block_size_n(device, head_dim, is_dropout, is_causal):
     return 128 if head_dim <= 64 else 64
 
 
-def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
-                             window_size_right, softcap, alibi_slopes, return_softmax):
-    """The forward op's implementation (eager CUDA calls of the autograd Functions call it
-    directly; see _attention_forward)."""
+def _flash_attn_forward_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
+    causal: bool, window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], return_softmax: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward op (flash_attn::_flash_attn_forward) as a plain function: eager CUDA calls
+    of the autograd Functions call it directly (see _eager_direct)."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
@@ -304,71 +284,38 @@ def _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_s
     return out, softmax_lse, S_dmask, rng_state
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_forward", mutates_args=(),
-                          device_types="cuda")
-def _flash_attn_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    return_softmax: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _flash_attn_forward_impl(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
-                                    window_size_right, softcap, alibi_slopes, return_softmax)
+_flash_attn_forward = _torch_custom_op_wrapper(
+    "flash_attn::_flash_attn_forward", _flash_attn_forward_impl, mutates_args=(),
+    device_types="cuda")
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_forward")
-def _flash_attn_forward_fake(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    return_softmax: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+@_common.register_fake_for("flash_attn::_flash_attn_forward", _flash_attn_forward_impl)
+def _flash_attn_forward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
+                             softcap, alibi_slopes, return_softmax, **_):
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     _check_return_softmax(return_softmax, dropout_p)
-    batch_size, seqlen_q, num_heads, head_size = q.shape
-    seqlen_k = k.shape[1]
-    out = torch.empty((batch_size, seqlen_q, num_heads, head_size), dtype=q.dtype,
-                      device=q.device)
-    softmax_lse = torch.empty((batch_size, num_heads, seqlen_q), dtype=torch.float32,
-                              device=q.device)
-    if return_softmax:
-        S_dmask = torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128),
-                               round_multiple(seqlen_k, 128)), dtype=q.dtype, device=q.device)
-    else:
-        S_dmask = torch.empty((0,), dtype=q.dtype, device=q.device)
-    rng_state = torch.empty((2,), dtype=torch.int64, device=q.device)
-    return out, softmax_lse, S_dmask, rng_state
+    batch_size, seqlen_q, num_heads, _ = q.shape
+    return _common.fake_forward_outputs(q, (batch_size, num_heads, seqlen_q), return_softmax,
+                                        batch_size, seqlen_q, k.shape[1])
 
 
-def _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
-                              softmax_scale, causal, window_size_left, window_size_right, softcap,
-                              alibi_slopes, deterministic, rng_state=None):
-    """The backward op's implementation (eager CUDA calls of the autograd Functions call it
-    directly; see _attention_backward)."""
+def _flash_attn_backward_impl(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    softmax_lse: torch.Tensor, dq: Optional[torch.Tensor], dk: Optional[torch.Tensor],
+    dv: Optional[torch.Tensor], dropout_p: float, softmax_scale: float, causal: bool,
+    window_size_left: int, window_size_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], deterministic: bool,
+    rng_state: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The backward op (flash_attn::_flash_attn_backward) as a plain function: eager CUDA calls
+    of the autograd Functions call it directly (see _eager_direct)."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
                                         k.shape[1], alibi_slopes is not None)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    if dropout_p > 0.0 and rng_state is None:
-        raise FlashAttnValueError(
-            "flash_attn: the backward with dropout_p > 0 needs rng_state from the forward"
-        )
+    _common.check_rng_state(dropout_p, rng_state)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
     ext = _ext_for(q)
@@ -383,54 +330,14 @@ def _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropo
     return softmax_d
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_backward", mutates_args=("dq", "dk", "dv"),
-                          device_types="cuda")
-def _flash_attn_backward(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    return _flash_attn_backward_impl(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
-                                     softmax_scale, causal, window_size_left, window_size_right,
-                                     softcap, alibi_slopes, deterministic, rng_state)
+_flash_attn_backward = _torch_custom_op_wrapper(
+    "flash_attn::_flash_attn_backward", _flash_attn_backward_impl,
+    mutates_args=("dq", "dk", "dv"), device_types="cuda")
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_backward")
-def _flash_attn_backward_fake(
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    dq: Optional[torch.Tensor],
-    dk: Optional[torch.Tensor],
-    dv: Optional[torch.Tensor],
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    softcap: float,
-    alibi_slopes: Optional[torch.Tensor],
-    deterministic: bool,
-    rng_state: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+@_common.register_fake_for("flash_attn::_flash_attn_backward", _flash_attn_backward_impl)
+def _flash_attn_backward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
+                              softcap, alibi_slopes, deterministic, **_):
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
     batch_size, seqlen_q, num_heads, _ = q.shape
@@ -438,12 +345,8 @@ def _flash_attn_backward_fake(
                        dtype=torch.float32, device=q.device)
 
 
-if _HAS_CUSTOM_OP:
-    _wrapped_flash_attn_forward = torch.ops.flash_attn._flash_attn_forward
-    _wrapped_flash_attn_backward = torch.ops.flash_attn._flash_attn_backward
-else:
-    _wrapped_flash_attn_forward = _flash_attn_forward
-    _wrapped_flash_attn_backward = _flash_attn_backward
+_wrapped_flash_attn_forward = _common.registered_op("_flash_attn_forward", _flash_attn_forward)
+_wrapped_flash_attn_backward = _common.registered_op("_flash_attn_backward", _flash_attn_backward)
 
 
 # ---------------------------------------------------------------------------------------
@@ -459,134 +362,58 @@ def _eager_direct(q):
     return q.device.type == "cuda" and not _is_compiling()
 
 
-def _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                       alibi_slopes, deterministic, return_softmax, is_grad):
-    """The forward every autograd Function shares: pad the head dim, run the op, save for
-    backward. q, k, v are unpacked (views into a packed tensor are fine)."""
-    head_size_og = q.shape[-1]
-    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+def _dense_forward(ctx, inputs, dropout_p, softmax_scale, causal, window_size, softcap,
+                   alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+    """The forward every dense autograd Function shares.  inputs: its tensor inputs, (q, k, v),
+    (q, kv) or (qkv,): checked (_check_inputs) and unpacked, then _common.padded_forward."""
+    q, k, v, qkv, kv, packed = _common.split_inputs(inputs)
+    (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+     return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
+                                     alibi_slopes, deterministic, qkv=qkv, kv=kv,
+                                     softmax_scale=softmax_scale, return_softmax=return_softmax)
+    is_grad = is_grad_enabled and any(x.requires_grad for x in inputs)
+    if qkv is not None:
+        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
+    elif kv is not None:
+        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
     forward_fn = _flash_attn_forward_impl if _eager_direct(q) else _wrapped_flash_attn_forward
-    out_padded, softmax_lse, S_dmask, rng_state = forward_fn(
-        q,
-        k,
-        v,
-        dropout_p,
-        softmax_scale,
-        causal=causal,
-        window_size_left=window_size[0],
-        window_size_right=window_size[1],
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_softmax=return_softmax and dropout_p > 0,
-    )
-    if is_grad:
-        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, rng_state)
-        ctx.dropout_p = dropout_p
-        ctx.softmax_scale = softmax_scale
-        ctx.causal = causal
-        ctx.window_size = window_size
-        ctx.softcap = softcap
-        ctx.alibi_slopes = alibi_slopes
-        ctx.deterministic = deterministic
-    out = out_padded[..., :head_size_og]
-    return out if not return_softmax else (out, softmax_lse, S_dmask)
+    return _common.padded_forward(ctx, forward_fn, q, k, v, (), dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic,
+                                  return_softmax, is_grad, packed)
 
 
-def _attention_backward(ctx, dout, dq, dk, dv):
-    """The backward every autograd Function shares: writes the padded gradients into dq, dk,
-    dv (which may be views into one packed gradient)."""
-    q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
+def _dense_backward(ctx, dout, dq, dk, dv):
+    """The backward every dense autograd Function shares (see _common.padded_backward)."""
+    q = ctx.saved_tensors[0]
     backward_fn = _flash_attn_backward_impl if _eager_direct(q) else _wrapped_flash_attn_backward
-    backward_fn(
-        _pad_to_multiple_of_8(dout, dout.shape[-1]),
-        q,
-        k,
-        v,
-        out,
-        softmax_lse,
-        dq,
-        dk,
-        dv,
-        ctx.dropout_p,
-        ctx.softmax_scale,
-        ctx.causal,
-        ctx.window_size[0],
-        ctx.window_size[1],
-        ctx.softcap,
-        ctx.alibi_slopes,
-        ctx.deterministic,
-        rng_state=rng_state,
-    )
+    _common.padded_backward(ctx, backward_fn, dout, dq, dk, dv)
 
 
-class FlashAttnQKVPackedFunc(torch.autograd.Function):
+_DenseAttnFunc = _common.attention_function(_dense_backward)
+
+
+class FlashAttnQKVPackedFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-         return_softmax) = _check_inputs(None, None, None, dropout_p, causal, window_size,
-                                         softcap, alibi_slopes, deterministic, qkv=qkv,
-                                         softmax_scale=softmax_scale,
-                                         return_softmax=return_softmax)
-        is_grad = is_grad_enabled and qkv.requires_grad
-        q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
-        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q = ctx.saved_tensors[0]
-        dqkv = torch.empty(q.shape[:-2] + (3, *q.shape[-2:]), dtype=q.dtype, device=q.device)
-        _attention_backward(ctx, dout, dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2])
-        dqkv = dqkv[..., : dout.shape[-1]]
-        return dqkv, None, None, None, None, None, None, None, None, None
+        return _dense_forward(ctx, (qkv,), dropout_p, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, deterministic, return_softmax, is_grad_enabled)
 
 
-class FlashAttnKVPackedFunc(torch.autograd.Function):
+class FlashAttnKVPackedFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-         return_softmax) = _check_inputs(q, None, None, dropout_p, causal, window_size, softcap,
-                                         alibi_slopes, deterministic, kv=kv,
-                                         softmax_scale=softmax_scale,
-                                         return_softmax=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, kv))
-        k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
-        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q, k = ctx.saved_tensors[:2]
-        dq = torch.empty_like(q)
-        dkv = torch.empty(k.shape[:-2] + (2, *k.shape[-2:]), dtype=k.dtype, device=k.device)
-        _attention_backward(ctx, dout, dq, dkv[:, :, 0], dkv[:, :, 1])
-        d = dout.shape[-1]
-        return dq[..., :d], dkv[..., :d], None, None, None, None, None, None, None, None, None
+        return _dense_forward(ctx, (q, kv), dropout_p, softmax_scale, causal, window_size,
+                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled)
 
 
-class FlashAttnFunc(torch.autograd.Function):
+class FlashAttnFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                 deterministic, return_softmax, is_grad_enabled):
-        (dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-         return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
-                                         alibi_slopes, deterministic,
-                                         softmax_scale=softmax_scale,
-                                         return_softmax=return_softmax)
-        is_grad = is_grad_enabled and any(x.requires_grad for x in (q, k, v))
-        return _attention_forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size,
-                                  softcap, alibi_slopes, deterministic, return_softmax, is_grad)
-
-    @staticmethod
-    def backward(ctx, dout, *args):
-        q, k, v = ctx.saved_tensors[:3]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _attention_backward(ctx, dout, dq, dk, dv)
-        d = dout.shape[-1]
-        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None, None, None, None, None, None
+        return _dense_forward(ctx, (q, k, v), dropout_p, softmax_scale, causal, window_size,
+                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled)
 
 
 # ---------------------------------------------------------------------------------------
@@ -639,29 +466,12 @@ _COMMON_ARGS_DOC = """
 """
 
 
-def flash_attn_qkvpacked_func(
-    qkv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # <= 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    return FlashAttnQKVPackedFunc.apply(
-        qkv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        torch.is_grad_enabled(),
-    )
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    return FlashAttnQKVPackedFunc.apply(qkv, dropout_p, softmax_scale, causal, window_size,
+                                        softcap, alibi_slopes, deterministic, return_attn_probs,
+                                        torch.is_grad_enabled())
 
 
 flash_attn_qkvpacked_func.__doc__ = (
@@ -681,31 +491,12 @@ flash_attn_qkvpacked_func.__doc__ = (
 )
 
 
-def flash_attn_kvpacked_func(
-    q,
-    kv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    return FlashAttnKVPackedFunc.apply(
-        q,
-        kv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        torch.is_grad_enabled(),
-    )
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    return FlashAttnKVPackedFunc.apply(q, kv, dropout_p, softmax_scale, causal, window_size,
+                                       softcap, alibi_slopes, deterministic, return_attn_probs,
+                                       torch.is_grad_enabled())
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -727,33 +518,11 @@ flash_attn_kvpacked_func.__doc__ = (
 )
 
 
-def flash_attn_func(
-    q,
-    k,
-    v,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),  # -1 means infinite context window
-    softcap=0.0,  # 0.0 means deactivated
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
-    return FlashAttnFunc.apply(
-        q,
-        k,
-        v,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        return_attn_probs,
-        torch.is_grad_enabled(),
-    )
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    return FlashAttnFunc.apply(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_attn_probs,
+                               torch.is_grad_enabled())
 
 
 flash_attn_func.__doc__ = (

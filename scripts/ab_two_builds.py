@@ -51,15 +51,15 @@ TOTAL_TOKENS, HIDDEN = 16384, 2048
 # Cells: plain dicts, the same list in the driver and in both workers (no torch needed here)
 # ----------------------------------------------------------------------------------------------
 def varlen_lengths(total=TOTAL_TOKENS, lo=128, hi=4096, seed=0):
-    """The sequence lengths of benchmarks/benchmark_attn.py --varlen (same generator and seed)."""
-    import random
-    rng = random.Random(seed)
-    lens = []
-    while sum(lens) < total:
-        lens.append(min(rng.randint(lo, hi), total - sum(lens)))
-    if lens[-1] < lo and len(lens) > 1:  # fold a short remainder into the previous one
-        lens[-2] += lens.pop()
-    return lens
+    """The sequence lengths of benchmarks/benchmark_attn.py --varlen (its generator, loaded from
+    this tree's benchmarks/; it imports only the standard library at load)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "benchmarks",
+                        "benchmark_attn.py")
+    spec = importlib.util.spec_from_file_location("_benchmark_attn", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.varlen_lengths(total, lo, hi, seed)
 
 
 def make_cells(groups, head_dims=GRID_HEAD_DIMS, seqlens=GRID_SEQLENS):

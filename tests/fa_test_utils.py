@@ -330,6 +330,37 @@ def randn(*shape, dtype, device="cuda", requires_grad=False):
     return torch.randn(*shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
+def cuda_qkv(b, sq, sk, h, d, dtype, hk=None):
+    """Random q (b, sq, h, d), then k and v (b, sk, hk (default h), d), on the GPU."""
+    hk = h if hk is None else hk
+    return (torch.randn(b, sq, h, d, device="cuda", dtype=dtype),
+            *(torch.randn(b, sk, hk, d, device="cuda", dtype=dtype) for _ in range(2)))
+
+
+def window_size_forms(left, right):
+    """Parametrize a test's `window` over the forms window_size takes besides a tuple: int64
+    tensors on the CPU and on the GPU (made in the test by window_size_form, after the GPU
+    check), an int32 tensor, a list."""
+    return pytest.mark.parametrize(
+        "window", [torch.tensor([left, right]), "CUDA",
+                   torch.tensor([left, right], dtype=torch.int32), [left, right]],
+        ids=["cpu-int64", "cuda-int64", "cpu-int32", "list"])
+
+
+def window_size_form(window, left, right):
+    """A window from window_size_forms(left, right), "CUDA" made into the GPU tensor."""
+    return torch.tensor([left, right], device="cuda") if isinstance(window, str) else window
+
+
+# The devices of the pure-PyTorch tests: the CPU, and CUDA when present.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    ),
+]
+
+
 def scale_default(d):
     return 1.0 / math.sqrt(d)
 

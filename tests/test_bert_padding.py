@@ -3,21 +3,11 @@
 import pytest
 import torch
 
-from flash_attn.bert_padding import (
-    index_first_axis,
-    index_first_axis_residual,
-    index_put_first_axis,
-    pad_input,
-    unpad_input,
-    unpad_input_for_concatenated_sequences,
-)
+from flash_attn.bert_padding import (index_first_axis, index_first_axis_residual,
+                                     index_put_first_axis, pad_input, unpad_input,
+                                     unpad_input_for_concatenated_sequences)
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-    ),
-]
+from fa_test_utils import DEVICES
 
 
 def random_mask(batch, seqlen, device, contiguous=True):

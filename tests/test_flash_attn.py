@@ -21,22 +21,10 @@ import torch
 import flash_attn.flash_attn_interface as fi
 from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
-from fa_test_utils import (
-    DTYPE_NAMES,
-    GRAD_SLACK,
-    OUT_SLACK,
-    attention_ref,
-    assert_close_to_ref,
-    assert_lse_close,
-    built_configs,
-    check_against_ref,
-    load_extension,
-    max_err,
-    ref_fwd_bwd,
-    debug_kernel,
-    require_config,
-    require_gpu,
-)
+from fa_test_utils import (DTYPE_NAMES, GRAD_SLACK, OUT_SLACK, assert_close_to_ref,
+                           assert_lse_close, attention_ref, built_configs, check_against_ref,
+                           cuda_qkv, debug_kernel, load_extension, max_err, ref_fwd_bwd,
+                           require_config, require_gpu)
 
 pytestmark = pytest.mark.gpu
 
@@ -672,9 +660,7 @@ def test_return_attn_probs():
     dtype = torch.float16
     require_config(dtype, 64)
     b, sq, sk, h, d = 2, 77, 129, 4, 64
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    q, k, v = cuda_qkv(b, sq, sk, h, d, dtype)
     res = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert isinstance(res, tuple) and len(res) == 3
     out, lse, S_dmask = res
@@ -694,9 +680,7 @@ def test_window_sizes_equivalent_to_full_or_causal(causal, window_size):
     dtype = torch.bfloat16
     require_config(dtype, 64)
     b, sq, sk, h, d = 2, 150, 200, 2, 64
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
-    k = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, h, d, device="cuda", dtype=dtype)
+    q, k, v = cuda_qkv(b, sq, sk, h, d, dtype)
     out = flash_attn_func(q, k, v, causal=causal, window_size=window_size)
     expect_causal = fi._effective_causal(causal, *window_size, sq, sk, False)
     assert torch.equal(out, flash_attn_func(q, k, v, causal=expect_causal))

@@ -17,15 +17,9 @@ import torch
 
 from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
-from fa_test_utils import (
-    DTYPE_NAMES,
-    attention_ref,
-    check_against_ref,
-    debug_kernel,
-    dropout_keep_ref,
-    local_visible,
-    require_config,
-)
+from fa_test_utils import (DTYPE_NAMES, attention_ref, check_against_ref, debug_kernel,
+                           dropout_keep_ref, local_visible, require_config,
+                           window_size_form, window_size_forms)
 
 pytestmark = pytest.mark.gpu
 
@@ -130,28 +124,16 @@ def _feat_kwargs(feat):
     return kw
 
 
-@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(WINDOW_FEATS))
-def test_window(feat, dtype, d, sq, sk, causal, b, h, hk):
-    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
+FEATURE_GROUPS = (("window", WINDOW_FEATS), ("softcap", SOFTCAP_FEATS), ("alibi", ALIBI_FEATS),
+                  ("dropout", DROPOUT_FEATS), ("combinations", COMBO_FEATS))
 
 
-@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(SOFTCAP_FEATS))
-def test_softcap(feat, dtype, d, sq, sk, causal, b, h, hk):
-    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
-
-
-@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(ALIBI_FEATS))
-def test_alibi(feat, dtype, d, sq, sk, causal, b, h, hk):
-    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
-
-
-@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(DROPOUT_FEATS))
-def test_dropout(feat, dtype, d, sq, sk, causal, b, h, hk):
-    _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
-
-
-@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", _rotated(COMBO_FEATS))
-def test_combinations(feat, dtype, d, sq, sk, causal, b, h, hk):
+@pytest.mark.parametrize("feat, dtype, d, sq, sk, causal, b, h, hk", [
+    pytest.param(*case.values, id=f"{group}-{case.id}")
+    for group, feats in FEATURE_GROUPS for case in _rotated(feats)])
+def test_features(feat, dtype, d, sq, sk, causal, b, h, hk):
+    """Each group of feature settings (window, softcap, ALiBi, dropout, combinations) over
+    dtypes, seqlens and causal, head dims and layouts rotated within the group."""
     _run(dtype, d, sq, sk, causal, b, h, hk, **_feat_kwargs(feat))
 
 
@@ -475,13 +457,10 @@ def test_softmax_scale_zero_is_uniform_attention():
     assert torch.all(dq == 0) and torch.all(dk == 0) and torch.isfinite(dv).all()
 
 
-@pytest.mark.parametrize("window", [torch.tensor([16, 0]), "CUDA",
-                                    torch.tensor([16, 0], dtype=torch.int32), [16, 0]],
-                         ids=["cpu-int64", "cuda-int64", "cpu-int32", "list"])
+@window_size_forms(16, 0)
 def test_window_size_forms_match_tuple(window):
     require_config(torch.bfloat16, 64)
-    if isinstance(window, str):
-        window = torch.tensor([16, 0], device="cuda")
+    window = window_size_form(window, 16, 0)
     q, k, v = [torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     assert torch.equal(flash_attn_func(q, k, v, window_size=window),
                        flash_attn_func(q, k, v, window_size=(16, 0)))

@@ -9,21 +9,11 @@ import math
 import pytest
 import torch
 
-from flash_attn.layers.rotary import (
-    RotaryEmbedding,
-    apply_rotary_emb,
-    apply_rotary_emb_func,
-    apply_rotary_emb_kv_,
-    apply_rotary_emb_qkv_,
-    apply_rotary_emb_torch,
-)
+from flash_attn.layers.rotary import (RotaryEmbedding, apply_rotary_emb, apply_rotary_emb_func,
+                                     apply_rotary_emb_kv_, apply_rotary_emb_qkv_,
+                                     apply_rotary_emb_torch)
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-    ),
-]
+from fa_test_utils import DEVICES
 
 
 # ---------------------------------------------------------------------------------------

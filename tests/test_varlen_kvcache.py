@@ -20,7 +20,8 @@ from flash_attn import (
 )
 from flash_attn.layers.rotary import apply_rotary_emb_torch
 
-from fa_test_utils import DTYPE_NAMES, dropout_keep_ref, max_err, require_config, require_gpu
+from fa_test_utils import (DTYPE_NAMES, dropout_keep_ref, max_err, require_config, require_gpu,
+                           window_size_form, window_size_forms)
 
 pytestmark = pytest.mark.gpu
 
@@ -165,6 +166,28 @@ def _varlen_cases(full):
     return cases
 
 
+def _check_varlen_result(q, k, v, cu_q, cu_k, lq, lk, causal, window, scale, out, lse, dout,
+                         grads, **feats):
+    """out, lse and grads = (dq, dk, dv) of a varlen call against the fp32 reference (within the
+    slack of the low-precision reference), zeros / +inf on the rows past cu_seqlens[-1]."""
+    dq, dk, dv = grads
+    out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True, **feats)
+    g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
+    out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False, **feats)
+    g_lp = torch.autograd.grad(out_lp, (q, k, v), dout)
+    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
+    n = sum(lq)
+    assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
+    assert torch.isposinf(lse[:, n:]).all(), "lse rows past cu_seqlens_q[-1] must be +inf"
+    fin = torch.isfinite(lse_ref[:, :n])
+    assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
+    torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
+    for name, g, gr, gl in zip(("dq", "dk", "dv"), (dq, dk, dv), g_ref, g_lp):
+        assert_close(name, g, gr, gl, 3, GRAD_SLACK)
+    assert (dq[n:] == 0).all() and (dk[sum(lk):] == 0).all() and (dv[sum(lk):] == 0).all(), \
+        "gradient rows past cu_seqlens[-1] must be zero"
+
+
 def _run_varlen(dtype, d, max_sq, max_sk, mode, mask, h, hk, batch=5, tail=3, use_sm90=True):
     ext = require_config(dtype, d)
     _, causal, window = mask
@@ -185,22 +208,8 @@ def _run_varlen(dtype, d, max_sq, max_sk, mode, mask, h, hk, batch=5, tail=3, us
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     finally:
         ext.set_sm90_kernels(True)
-    scale = d ** -0.5
-    out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True)
-    g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
-    out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False)
-    g_lp = torch.autograd.grad(out_lp, (q, k, v), dout)
-    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
-    n = sum(lq)
-    assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
-    assert torch.isposinf(lse[:, n:]).all(), "lse rows past cu_seqlens_q[-1] must be +inf"
-    fin = torch.isfinite(lse_ref[:, :n])
-    assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
-    torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
-    for name, g, gr, gl in zip(("dq", "dk", "dv"), (dq, dk, dv), g_ref, g_lp):
-        assert_close(name, g, gr, gl, 3, GRAD_SLACK)
-    assert (dq[n:] == 0).all() and (dk[sum(lk):] == 0).all() and (dv[sum(lk):] == 0).all(), \
-        "gradient rows past cu_seqlens[-1] must be zero"
+    _check_varlen_result(q, k, v, cu_q, cu_k, lq, lk, causal, window, d ** -0.5, out, lse, dout,
+                         (dq, dk, dv))
 
 
 @pytest.mark.parametrize("dtype, d, sq, sk, mode, mask, h, hk", _varlen_cases(False))
@@ -286,6 +295,17 @@ def test_varlen_all_empty_and_seqused_leftpad():
         assert_close(f"out[{b}]", out[cu_q[b]:cu_q[b + 1]], ref, lp, 2, OUT_SLACK)
 
 
+def _paged_inputs(lq, lk, h, hk, d, page):
+    """bf16 q (sum(lq), h, d), paged k and v (3 pages to spare) and a shuffled block_table."""
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16)
+    nblk = math.ceil(max(lk) / page)
+    num_blocks = len(lk) * nblk + 3
+    k_pages = torch.randn(num_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    v_pages = torch.randn_like(k_pages)
+    block_table = torch.randperm(num_blocks, device="cuda")[: len(lk) * nblk].view(len(lk), nblk)
+    return q, k_pages, v_pages, block_table.to(torch.int32)
+
+
 @pytest.mark.parametrize("page", [16, 48, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_paged(page, causal):
@@ -293,13 +313,7 @@ def test_varlen_paged(page, causal):
     lq, lk = [1, 37, 0, 200], [300, 37, 5, 513]
     cu_q, cu_k = cu_from(lq), cu_from(lk)
     h, hk, d = 8, 2, 128
-    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16)
-    nblk = math.ceil(max(lk) / page)
-    num_blocks = len(lk) * nblk + 3
-    k_pages = torch.randn(num_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
-    v_pages = torch.randn_like(k_pages)
-    block_table = torch.randperm(num_blocks, device="cuda")[: len(lk) * nblk].view(len(lk), nblk)
-    block_table = block_table.to(torch.int32)
+    q, k_pages, v_pages, block_table = _paged_inputs(lq, lk, h, hk, d, page)
     out = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lq), max(lk), causal=causal,
                                  block_table=block_table)
     k_dense = torch.cat([k_pages[block_table[b].long()].reshape(-1, hk, d)[: lk[b]] for b in range(4)])
@@ -390,21 +404,8 @@ def _run_varlen_feat(dtype, d, lq, lk, h, hk, causal=False, window=(-1, -1), sof
     else:
         assert S_dmask.numel() == 0
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    out_ref, lse_ref = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, True, **feats)
-    g_ref = torch.autograd.grad(out_ref, (q, k, v), dout)
-    out_lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, window, scale, False, **feats)
-    g_lp = torch.autograd.grad(out_lp, (q, k, v), dout)
-    assert_close("out", out, out_ref, out_lp, 2, OUT_SLACK)
-    n = sum(lq)
-    assert (out[n:] == 0).all(), "rows past cu_seqlens_q[-1] must be zero"
-    assert torch.isposinf(lse[:, n:]).all(), "lse rows past cu_seqlens_q[-1] must be +inf"
-    fin = torch.isfinite(lse_ref[:, :n])
-    assert torch.equal(fin, torch.isfinite(lse[:, :n])), "lse: +inf exactly on rows without keys"
-    torch.testing.assert_close(lse[:, :n][fin], lse_ref[:, :n][fin], atol=2e-3, rtol=1e-3)
-    for name, g, gr, gl in zip(("dq", "dk", "dv"), (dq, dk, dv), g_ref, g_lp):
-        assert_close(name, g, gr, gl, 3, GRAD_SLACK)
-    assert (dq[n:] == 0).all() and (dk[sum(lk):] == 0).all() and (dv[sum(lk):] == 0).all(), \
-        "gradient rows past cu_seqlens[-1] must be zero"
+    _check_varlen_result(q, k, v, cu_q, cu_k, lq, lk, causal, window, scale, out, lse, dout,
+                         (dq, dk, dv), **feats)
 
 
 # (lq, lk, h, hk, d, dtype): zero-length and length-1 sequences, odd lengths, odd head dim,
@@ -514,13 +515,7 @@ def test_varlen_paged_features(feat):
     lq, lk = [1, 37, 0, 200], [300, 37, 5, 513]
     cu_q, cu_k = cu_from(lq), cu_from(lk)
     h, hk, d, page = 8, 2, 128, 48
-    q = torch.randn(sum(lq), h, d, device="cuda", dtype=torch.bfloat16)
-    nblk = math.ceil(max(lk) / page)
-    num_blocks = len(lk) * nblk + 3
-    k_pages = torch.randn(num_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16)
-    v_pages = torch.randn_like(k_pages)
-    block_table = torch.randperm(num_blocks, device="cuda")[: len(lk) * nblk].view(len(lk), nblk)
-    block_table = block_table.to(torch.int32)
+    q, k_pages, v_pages, block_table = _paged_inputs(lq, lk, h, hk, d, page)
     slopes = _alibi_slopes(feat.get("alibi"), len(lq), h)
     softcap, causal = feat.get("softcap", 0.0), feat.get("causal", False)
     window = feat.get("window", (-1, -1))
@@ -879,14 +874,11 @@ def test_kvcache_softmax_scale_any_finite_value(name, kw, softmax_scale):
     _run_kvcache(softmax_scale=softmax_scale, **kw)
 
 
-@pytest.mark.parametrize("window", [torch.tensor([40, 0]), "CUDA",
-                                    torch.tensor([40, 0], dtype=torch.int32), [40, 0]],
-                         ids=["cpu-int64", "cuda-int64", "cpu-int32", "list"])
+@window_size_forms(40, 0)
 def test_window_size_tensor_on_varlen_and_kvcache(window):
     """Upstream's tests pass window_size as a 2-element tensor; the same result as the tuple."""
     require_config(torch.bfloat16, 64)
-    if isinstance(window, str):
-        window = torch.tensor([40, 0], device="cuda")
+    window = window_size_form(window, 40, 0)
     cu = cu_from([50, 70])
     q, k = [torch.randn(120, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     a = flash_attn_varlen_func(q, k, k, cu, cu, 70, 70, causal=True, window_size=window)

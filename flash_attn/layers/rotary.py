@@ -238,17 +238,9 @@ def _load_offsets(ctx):
 
 class ApplyRotaryEmb(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        x,
-        cos,
-        sin,
-        interleaved=False,
-        inplace=False,
-        seqlen_offsets: Union[int, Tensor] = 0,
-        cu_seqlens: Optional[Tensor] = None,
-        max_seqlen: Optional[int] = None,
-    ):
+    def forward(ctx, x, cos, sin, interleaved=False, inplace=False,
+                seqlen_offsets: Union[int, Tensor] = 0, cu_seqlens: Optional[Tensor] = None,
+                max_seqlen: Optional[int] = None):
         out = apply_rotary(
             x,
             cos,
@@ -344,17 +336,8 @@ def _rotate_qk_inplace(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets,
 
 class ApplyRotaryEmbQKV_(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        qkv,
-        cos,
-        sin,
-        cos_k=None,
-        sin_k=None,
-        interleaved=False,
-        seqlen_offsets: Union[int, Tensor] = 0,
-        num_heads_q: Optional[int] = None,
-    ):
+    def forward(ctx, qkv, cos, sin, cos_k=None, sin_k=None, interleaved=False,
+                seqlen_offsets: Union[int, Tensor] = 0, num_heads_q: Optional[int] = None):
         _rotate_qk_inplace(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q)
         _save_offsets(ctx, seqlen_offsets, cos, sin, cos_k, sin_k)
         ctx.interleaved = interleaved
