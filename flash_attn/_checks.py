@@ -369,7 +369,7 @@ def set_strict_checks(enabled):
     the next varlen or KV-cache call raises it (FlashAttnValueError naming the argument and the
     value), as does flash_attn.check_index_errors().  The guard is captured into CUDA graphs with
     the call, so a graph replayed with bad values is caught too.  Its cost is one launch of a
-    one-block kernel (more blocks for long block tables) and a 16-byte memset per call."""
+    one-block kernel per call (more blocks, and a 16-byte memset, above 64 paged sequences)."""
     global _strict
     previous = _strict
     _strict = bool(as_bool(enabled, "enabled"))

@@ -1082,6 +1082,41 @@ def test_device_guard_paged_varlen():
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("b", [3, 80, 300])
+def test_device_guard_many_sequences(b):
+    """The guard's one-block and multi-block grids both find the first bad block-table entry
+    and cache_seqlens value, as the host checks would report them."""
+    require_config(torch.bfloat16, 64)
+    import flash_attn
+
+    q = torch.randn(b, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
+    pages = torch.randn(4 * b, 16, 1, 64, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(4 * b, device="cuda").to(torch.int32).view(b, 4)
+    seqlens = torch.randint(1, 64, (b,), dtype=torch.int32, device="cuda")
+    bad_row = b - 2
+    seqlens[bad_row] = 64
+    table[bad_row, 3], table[b - 1, 0] = 4 * b, -1
+    before = pages.clone()
+    flash_attn_with_kvcache(q, pages, pages, cache_seqlens=seqlens, block_table=table)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match=rf"block_table\[{bad_row}, 3\] = {4 * b}"):
+        flash_attn.check_index_errors()
+    kn = torch.randn(b, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
+    flash_attn_with_kvcache(q, pages, pages, kn, kn, cache_seqlens=seqlens, block_table=table)
+    torch.cuda.synchronize()
+    assert torch.equal(pages, before), "a rejected call wrote the cache"
+    with pytest.raises(ValueError, match=rf"cache_seqlens\[{bad_row}\] = 64 plus the 1 new"):
+        flash_attn.check_index_errors()
+    cu = torch.arange(0, 2 * b + 1, 2, dtype=torch.int32, device="cuda")
+    cu[b // 2 + 1:] += 1  # sequence b // 2 has 3 rows > max_seqlen 2
+    qv = torch.randn(2 * b + 1, 4, 64, device="cuda", dtype=torch.bfloat16)
+    out = flash_attn_varlen_func(qv, qv, qv, cu, cu, 2, 2)
+    torch.cuda.synchronize()
+    assert not out.any(), "a rejected varlen call computes nothing (zeros)"
+    with pytest.raises(ValueError, match=rf"max_seqlen_q = 2 is less than the length of sequence {b // 2}"):
+        flash_attn.check_index_errors()
+
+
 def test_value_checks_skipped_under_cuda_graph_capture(strict_checks):
     """Strict checks on: under CUDA-graph capture the value checks (a host sync) are skipped,
     so capture works; replay matches the eager result."""

@@ -36,9 +36,11 @@ struct GuardScratch {
 };
 
 // Combines the block's first error into the grid's; true in the last block to finish (every other
-// block's errors are then visible to it), which writes the outputs.
+// block's errors are then visible to it), which writes the outputs. A one-block grid (the usual
+// case) needs no scratch, so that its launch needs no memset before it.
 __device__ bool combine_and_elect_last(unsigned long long block_error, GuardScratch *scratch, bool *is_last_smem) {
     __syncthreads();
+    if (gridDim.x == 1) return true;
     if (threadIdx.x == 0) {
         if (block_error != kNoError) atomicMax(&scratch->error_inv, ~block_error);
         __threadfence();
@@ -48,7 +50,8 @@ __device__ bool combine_and_elect_last(unsigned long long block_error, GuardScra
     return *is_last_smem;
 }
 
-__device__ unsigned long long grid_error(GuardScratch *scratch) {
+__device__ unsigned long long grid_error(unsigned long long block_error, GuardScratch *scratch) {
+    if (gridDim.x == 1) return block_error;
     __threadfence();
     return ~atomicAdd(&scratch->error_inv, 0ull);
 }
@@ -116,7 +119,7 @@ __global__ void __launch_bounds__(kGuardThreads) kvcache_guard_kernel(const Kvca
     }
     if (!combine_and_elect_last(block_error, scratch, &is_last)) return;
 
-    const unsigned long long error = grid_error(scratch);
+    const unsigned long long error = grid_error(block_error, scratch);
     const bool ok = error == kNoError;
     int *const cache_seqlens = a.safe + 1, *const seqused = cache_seqlens + a.b;
     int *const batch_idx = seqused + a.b, *const leftpad = batch_idx + a.b;
@@ -191,7 +194,7 @@ __global__ void __launch_bounds__(kGuardThreads) varlen_guard_kernel(const Varle
     }
     if (!combine_and_elect_last(block_error, scratch, &is_last)) return;
 
-    const unsigned long long error = grid_error(scratch);
+    const unsigned long long error = grid_error(block_error, scratch);
     const bool ok = error == kNoError;
     int *const cu_q = a.safe + 1, *const cu_k = cu_q + a.b + 1;
     for (int i = threadIdx.x; i <= a.b; i += kGuardThreads) {
@@ -226,11 +229,11 @@ __global__ void __launch_bounds__(kGuardThreads) varlen_guard_kernel(const Varle
     }
 }
 
-// A grid large enough that a long block table is read by many warps at once.
+// One block unless the batch is large: a block's 8 warps read 8 block-table rows at a time.
 int guard_blocks(int b, bool paged) {
-    if (!paged) return b > 4 * kGuardThreads ? kMaxGuardBlocks / 4 : 1;
-    const int blocks = (b + kGuardWarps - 1) / kGuardWarps;
-    return blocks < 1 ? 1 : (blocks > kMaxGuardBlocks ? kMaxGuardBlocks : blocks);
+    if (b <= (paged ? 64 : 4 * kGuardThreads)) return 1;
+    const int blocks = (b + (paged ? 8 * kGuardWarps : kGuardThreads) - 1) / (paged ? 8 * kGuardWarps : kGuardThreads);
+    return blocks > kMaxGuardBlocks ? kMaxGuardBlocks : blocks;
 }
 
 // The grid scratch sits after the outputs, 8-byte aligned; the caller's buffer has room for it.
@@ -313,18 +316,18 @@ IndexErrorRecord *index_error_record_if_allocated() { return g_record.load(); }
 void guard_kvcache_indices(const KvcacheGuardArgs &args, cudaStream_t stream) {
     IndexErrorRecord *record = index_error_record();
     GuardScratch *scratch = scratch_after(args.safe, 1 + 4 * int64_t(args.b));
-    FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
-    kvcache_guard_kernel<<<guard_blocks(args.b, args.block_table != nullptr), kGuardThreads, 0, stream>>>(
-        args, scratch, record);
+    const int blocks = guard_blocks(args.b, args.block_table != nullptr);
+    if (blocks > 1) FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
+    kvcache_guard_kernel<<<blocks, kGuardThreads, 0, stream>>>(args, scratch, record);
     FLASH_CHECK_LAUNCH();
 }
 
 void guard_varlen_indices(const VarlenGuardArgs &args, cudaStream_t stream) {
     IndexErrorRecord *record = index_error_record();
     GuardScratch *scratch = scratch_after(args.safe, 1 + 2 * (int64_t(args.b) + 1));
-    FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
-    varlen_guard_kernel<<<guard_blocks(args.b, args.block_table != nullptr), kGuardThreads, 0, stream>>>(
-        args, scratch, record);
+    const int blocks = guard_blocks(args.b, args.block_table != nullptr);
+    if (blocks > 1) FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
+    varlen_guard_kernel<<<blocks, kGuardThreads, 0, stream>>>(args, scratch, record);
     FLASH_CHECK_LAUNCH();
 }
 
