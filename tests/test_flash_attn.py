@@ -509,6 +509,42 @@ def test_tma_kernels_on_threads_without_a_current_context():
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
 
 
+# The valid calls that killed the process (the TMA descriptor encode on a thread without a current
+# context), each run in one fresh process after the others, checked by the 2x rule.
+def test_calls_that_crashed_are_right_in_a_fresh_process():
+    require_config(torch.bfloat16, 64)
+    require_config(torch.bfloat16, 128)
+    code = textwrap.dedent("""
+        import sys, torch
+        sys.path.insert(0, %r)
+        from fa_test_utils import check_against_ref
+        from flash_attn import flash_attn_func
+        import test_varlen_kvcache as tv
+        torch.manual_seed(0)
+        def dense(sq, sk, h, hk, d, **kw):
+            q = torch.randn(2, sq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k, v = (torch.randn(2, sk, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2))
+            out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+            causal = kw.pop("causal", False)
+            check_against_ref(out, lse, grads, q, k, v, dout, causal, **kw)
+        dense(77, 91, 4, 4, 64, window_size=(0, 0))
+        dense(65, 65, 4, 4, 128, softcap=3.0, causal=True)
+        dense(47, 95, 4, 2, 64, causal=True,
+              alibi_slopes=torch.rand(2, 4, device="cuda", dtype=torch.float32))
+        # varlen, GQA, causal, a zero-length sequence and rows past cu_seqlens_q[-1]
+        tv._run_varlen(torch.bfloat16, 64, 130, 130, "edge", ("causal", True, (-1, -1)), 4, 2)
+        torch.cuda.synchronize()
+        print("ok")
+    """) % os.path.dirname(os.path.abspath(__file__))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fi.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (res.returncode, res.stdout[-2000:], res.stderr[-3000:])
+
+
 def test_side_stream():
     """The kernels run on the current stream: inputs written on a side stream after a long
     sleep must be seen, and the results match the default-stream ones."""
