@@ -43,6 +43,12 @@ def _window(size):
     return -1 if size is None else int(size)
 
 
+def _in_layout_of(x, ref):
+    """x with ref's strides: torch's meta functions promise empty_like(ref), and torch.compile's
+    generated code asserts those strides."""
+    return x if x.stride() == ref.stride() else torch.empty_like(ref).copy_(x)
+
+
 def _forward(a):
     """(out, softmax_lse, rng_state) for the bound arguments a of _flash_attention_forward:
     (batch, seqlen, nheads, headdim) tensors, or packed (total, nheads, headdim) ones with
@@ -65,7 +71,7 @@ def _forward(a):
         q, k, v = (_pad_to_multiple_of_8(x, d) for x in (q, k, v))
         out, lse, _, rng_state = _varlen_kvcache._wrapped_flash_attn_varlen_forward(
             q, k, v, cu_q, cu_k, a["max_q"], a["max_k"], *common, seqused_k=a.get("seqused_k"))
-    return out[..., :d], lse, rng_state
+    return _in_layout_of(out[..., :d], a["query"]), lse, rng_state
 
 
 def _backward(a, rng_state):
@@ -88,7 +94,8 @@ def _backward(a, rng_state):
         _varlen_kvcache._wrapped_flash_attn_varlen_backward(
             dout, q, k, v, out, a["logsumexp"], *grads, cu_q, cu_k, a["max_q"], a["max_k"],
             *common, rng_state=rng_state)
-    return tuple(g[..., :d] for g in grads)
+    return tuple(_in_layout_of(g[..., :d], a[n])
+                 for g, n in zip(grads, ("query", "key", "value")))
 
 
 def _aux(q, rng_state):

@@ -157,12 +157,14 @@ def test_sdpa_op_through_the_dispatcher(cpu_kernels, causal, sq, sk, h, hk, d, s
         *(x.detach().to("meta") for x in (q, k, v)), is_causal=causal, scale=scale)
     for ours, theirs in zip(res, meta):  # the layout torch's meta function promises
         if isinstance(theirs, torch.Tensor):
-            assert (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype)
+            assert (ours.shape, ours.stride(), ours.dtype) == (theirs.shape, theirs.stride(),
+                                                               theirs.dtype)
         else:
             assert ours == theirs
     out, lse = res[:2]
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert [g.stride() for g in grads] == [x.stride() for x in (q, k, v)]  # as meta's empty_like
     qr, kr, vr = _bshd(q, k, v)
     # Bottom-right causal, as aten's flash kernels (top-left only in F.sdpa's docs; F.sdpa
     # sends causal calls with seqlen_q != seqlen_k elsewhere).
