@@ -441,46 +441,35 @@ def device_guard_applies(*tensors):
     return not value_checks_apply(*present)
 
 
-# The codes of csrc/api/index_guard.h: what a device-side guard found wrong.
-_CU_NAMES = {6: ("cu_seqlens_q", "max_seqlen_q", "q.shape[0]"),
-             10: ("cu_seqlens_k", "max_seqlen_k", "k.shape[0]")}
+# The codes of csrc/api/index_guard.h (what a device-side guard found wrong) and their wording;
+# i: the sequence (or row), j: i + 1, c: the column, v: the value, n: the limit.
+_INDEX_ERRORS = {
+    1: "cache_seqlens must be >= 0, got cache_seqlens[{i}] = {v}",
+    2: "cache_seqlens[{i}] = {v} plus the {c} new rows (k.shape[1]) is past the end of the cache "
+       "({n} rows)",
+    3: "cache_batch_idx[{i}] = {v} is not an entry of k_cache (must be in [0, k_cache.shape[0] = "
+       "{n}))",
+    4: "cache_leftpad[{i}] = {v} must be in [0, cache_seqlens[{i}] = {n}]",
+    5: "block_table[{i}, {c}] = {v} is not a page index in [0, num_blocks = {n}); sequence {i} "
+       "uses that entry",
+    14: "key sequence {i} has {v} rows (cu_seqlens_k) but its block_table row holds {n} rows",
+}
+_INDEX_ERRORS[15] = _INDEX_ERRORS[5]
+for _code, (_cu, _max, _total) in ((6, ("cu_seqlens_q", "max_seqlen_q", "q.shape[0]")),
+                                   (10, ("cu_seqlens_k", "max_seqlen_k", "k.shape[0]"))):
+    _INDEX_ERRORS[_code] = f"{_cu} must start at 0, got {_cu}[0] = {{v}}"
+    _INDEX_ERRORS[_code + 1] = (f"{_cu} must be non-decreasing, got {_cu}[{{i}}] = {{v}} > "
+                                f"{_cu}[{{j}}] = {{n}}")
+    _INDEX_ERRORS[_code + 2] = (f"{_cu}[-1] = {{v}} is past the end of the packed tensor "
+                                f"({_total} = {{n}})")
+    _INDEX_ERRORS[_code + 3] = (f"{_max} = {{n}} is less than the length of sequence {{i}} "
+                                f"({{v}}); {_max} must be at least the longest sequence")
 
 
 def index_error_message(code, index, column, value, limit):
     """The error for a bad index value that a device-side guard recorded (take_index_error)."""
-    i = index
-    if code == 1:
-        what = f"cache_seqlens must be >= 0, got cache_seqlens[{i}] = {value}"
-    elif code == 2:
-        what = (f"cache_seqlens[{i}] = {value} plus the {column} new rows (k.shape[1]) is past the "
-                f"end of the cache ({limit} rows)")
-    elif code == 3:
-        what = (f"cache_batch_idx[{i}] = {value} is not an entry of k_cache (must be in [0, "
-                f"k_cache.shape[0] = {limit}))")
-    elif code == 4:
-        what = f"cache_leftpad[{i}] = {value} must be in [0, cache_seqlens[{i}] = {limit}]"
-    elif code in (5, 15):
-        what = (f"block_table[{i}, {column}] = {value} is not a page index in [0, num_blocks = "
-                f"{limit}); sequence {i} uses that entry")
-    elif code == 14:
-        what = (f"key sequence {i} has {value} rows (cu_seqlens_k) but its block_table row holds "
-                f"{limit} rows")
-    elif 6 <= code <= 13:
-        name, max_name, total_what = _CU_NAMES[6 if code < 10 else 10]
-        kind = (code - 6) % 4
-        if kind == 0:
-            what = f"{name} must start at 0, got {name}[0] = {value}"
-        elif kind == 1:
-            what = (f"{name} must be non-decreasing, got {name}[{i}] = {value} > {name}[{i + 1}] = "
-                    f"{limit}")
-        elif kind == 2:
-            what = (f"{name}[-1] = {value} is past the end of the packed tensor ({total_what} = "
-                    f"{limit})")
-        else:
-            what = (f"{max_name} = {limit} is less than the length of sequence {i} ({value}); "
-                    f"{max_name} must be at least the longest sequence")
-    else:
-        what = f"an index tensor held a bad value (guard code {code})"
+    template = _INDEX_ERRORS.get(code, "an index tensor held a bad value (guard code {code})")
+    what = template.format(i=index, j=index + 1, c=column, v=value, n=limit, code=code)
     return (f"flash_attn: {what}. Found by the device-side check of an earlier call, which "
             "computed nothing and changed no cache (see flash_attn.set_strict_checks to have the "
             "call itself raise)")

@@ -630,58 +630,14 @@ def _kvcache_impl(
     return out, softmax_lse
 
 
-@_torch_custom_op_wrapper("flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
-                          device_types="cuda")
-def _flash_attn_kvcache(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: Optional[torch.Tensor],
-    v: Optional[torch.Tensor],
-    rotary_cos: Optional[torch.Tensor],
-    rotary_sin: Optional[torch.Tensor],
-    cache_seqlens: Optional[torch.Tensor],
-    cache_batch_idx: Optional[torch.Tensor],
-    cache_leftpad: Optional[torch.Tensor],
-    block_table: Optional[torch.Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    rotary_interleaved: bool,
-    num_splits: int,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Append k/v into the cache (in place), rotate, attend: see flash_attn_with_kvcache."""
-    return _kvcache_impl(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                         cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
-                         window_size_left, window_size_right, rotary_interleaved, num_splits,
-                         softcap, alibi_slopes)
+# The op is made from _kvcache_impl, which eager calls run directly (see flash_attn_with_kvcache).
+_flash_attn_kvcache = _torch_custom_op_wrapper(
+    "flash_attn::_flash_attn_kvcache", mutates_args=("k_cache", "v_cache"),
+    device_types="cuda")(_kvcache_impl)
 
 
-@_torch_register_fake_wrapper("flash_attn::_flash_attn_kvcache")
-def _flash_attn_kvcache_fake(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: Optional[torch.Tensor],
-    v: Optional[torch.Tensor],
-    rotary_cos: Optional[torch.Tensor],
-    rotary_sin: Optional[torch.Tensor],
-    cache_seqlens: Optional[torch.Tensor],
-    cache_batch_idx: Optional[torch.Tensor],
-    cache_leftpad: Optional[torch.Tensor],
-    block_table: Optional[torch.Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    rotary_interleaved: bool,
-    num_splits: int,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+@_common.register_fake_for("flash_attn::_flash_attn_kvcache", _kvcache_impl)
+def _flash_attn_kvcache_fake(q, **_):
     b, seqlen_q, nheads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     softmax_lse = torch.empty((b, nheads, seqlen_q), dtype=torch.float32, device=q.device)

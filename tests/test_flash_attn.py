@@ -476,6 +476,14 @@ def _fwd_bwd(q, k, v, dout, **kw):
     return out, lse, dq, dk, dv
 
 
+def _run_in_fresh_process(code):
+    """python -c code in a new process that imports this flash_attn package."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fi.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
 # TMA descriptors are encoded on the calling thread, which needs the device's context current: torch's
 # autograd worker (the backward) and a fresh Python thread (the forward) select the device without
 # binding one, and when the caching allocator serves every allocation nothing else binds it. A fresh
@@ -503,9 +511,7 @@ def test_tma_kernels_on_threads_without_a_current_context():
         assert not errors, errors
         print("ok")
     """)
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fi.__file__)))
-    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    res = _run_in_fresh_process(code)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
 
 
@@ -539,9 +545,7 @@ def test_calls_that_crashed_are_right_in_a_fresh_process():
         torch.cuda.synchronize()
         print("ok")
     """) % os.path.dirname(os.path.abspath(__file__))
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fi.__file__)))
-    env = dict(os.environ, PYTHONPATH=pkg_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    res = _run_in_fresh_process(code)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), (res.returncode, res.stdout[-2000:], res.stderr[-3000:])
 
 

@@ -843,3 +843,17 @@ def test_value_checks_skip_meta_and_follow_strict_flag():
     with _checks.trusted_values():
         assert not _checks.value_checks_apply(cpu)
     assert _checks.value_checks_apply(cpu)
+
+
+def test_device_guard_error_messages_name_the_argument():
+    """Every code of csrc/api/index_guard.h words an error naming its argument and value."""
+    from flash_attn._checks import index_error_message
+
+    names = {1: "cache_seqlens", 2: "cache_seqlens", 3: "cache_batch_idx", 4: "cache_leftpad",
+             5: "block_table", 6: "cu_seqlens_q", 7: "cu_seqlens_q", 8: "cu_seqlens_q",
+             9: "max_seqlen_q", 10: "cu_seqlens_k", 11: "cu_seqlens_k", 12: "cu_seqlens_k",
+             13: "max_seqlen_k", 14: "cu_seqlens_k", 15: "block_table"}
+    for code, name in names.items():
+        msg = index_error_message(code, 3, 1, 123456, 99)
+        assert msg.startswith("flash_attn: ") and name in msg and "123456" in msg, msg
+    assert "guard code 77" in index_error_message(77, 0, 0, 0, 0)

@@ -96,6 +96,7 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile);
 void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
 at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q);
+void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q);
 
 // The entry points (dense.cpp, varlen.cpp, kvcache.cpp); their arguments are documented at the
 // pybind11 definitions (module.cpp) and in flash_attn/flash_attn_interface.py.

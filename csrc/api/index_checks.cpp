@@ -20,19 +20,25 @@ const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, i
     return holder.data_ptr<int>();
 }
 
-void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q) {
-    FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
-                    block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b &&
-                    block_table.stride(-1) == 1,
-                "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq) "
-                "with a contiguous last dimension on q's device, got ", block_table.scalar_type(), " ",
-                block_table.sizes());
-}
-
 int checked_int(int64_t v, const char *name) {
     FLASH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "flash_attn: ", name, " must be in [0, 2**31), got ",
                 v);
     return static_cast<int>(v);
+}
+
+// The block table of a guard's paged keys (all zeros without one).
+flash::PagedKeys paged_keys(const std::optional<at::Tensor> &block_table, int64_t b, int64_t page_block_size,
+                            int64_t num_blocks, const at::Tensor &q) {
+    flash::PagedKeys p{};
+    if (!block_table.has_value()) return p;
+    check_block_table(block_table.value(), b, q);
+    p.block_table = block_table->data_ptr<int>();
+    p.cols = checked_int(block_table->size(1), "block_table.shape[1]");
+    p.stride = block_table->stride(0);
+    p.page_block_size = checked_int(page_block_size, "page_block_size");
+    p.num_blocks = checked_int(num_blocks, "num_blocks");
+    FLASH_CHECK(p.page_block_size > 0, "flash_attn: page_block_size must be > 0");
+    return p;
 }
 
 }  // namespace
@@ -49,20 +55,12 @@ std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Ten
     args.cache_seqlens = optional_ints(cache_seqlens, "cache_seqlens", b, q, seqlens_c);
     args.batch_idx = optional_ints(batch_idx, "cache_batch_idx", b, q, batch_idx_c);
     args.leftpad = optional_ints(leftpad, "cache_leftpad", b, q, leftpad_c);
-    if (block_table.has_value()) {
-        check_block_table(block_table.value(), b, q);
-        args.block_table = block_table->data_ptr<int>();
-        args.block_table_cols = checked_int(block_table->size(1), "block_table.shape[1]");
-        args.block_table_stride = block_table->stride(0);
-        args.page_block_size = checked_int(page_block_size, "page_block_size");
-        FLASH_CHECK(args.page_block_size > 0, "flash_attn: page_block_size must be > 0");
-    }
+    args.pages = paged_keys(block_table, b, page_block_size, num_blocks, q);
     args.b = checked_int(b, "batch_size");
     args.default_seqlen = checked_int(default_seqlen, "the default cache length");
     args.seqlen_new = checked_int(seqlen_new, "seqlen_new");
     args.seqlen_cache = checked_int(seqlen_cache, "seqlen_cache");
     args.batch_cache = checked_int(batch_cache, "k_cache.shape[0]");
-    args.num_blocks = checked_int(num_blocks, "num_blocks");
     at::Tensor safe = guard_buffer(1 + 4 * b, q);
     args.safe = safe.data_ptr<int>();
     flash::clear_launch_error();
@@ -92,15 +90,7 @@ std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_
     args.total_k = total_k;
     args.max_seqlen_q = max_seqlen_q;
     args.max_seqlen_k = max_seqlen_k;
-    if (block_table.has_value()) {
-        check_block_table(block_table.value(), b, q);
-        args.block_table = block_table->data_ptr<int>();
-        args.block_table_cols = checked_int(block_table->size(1), "block_table.shape[1]");
-        args.block_table_stride = block_table->stride(0);
-        args.page_block_size = checked_int(page_block_size, "page_block_size");
-        args.num_blocks = checked_int(num_blocks, "num_blocks");
-        FLASH_CHECK(args.page_block_size > 0, "flash_attn: page_block_size must be > 0");
-    }
+    args.pages = paged_keys(block_table, b, page_block_size, num_blocks, q);
     at::Tensor safe = guard_buffer(1 + 2 * (b + 1), q);
     args.safe = safe.data_ptr<int>();
     flash::clear_launch_error();

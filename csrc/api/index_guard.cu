@@ -38,16 +38,17 @@ struct GuardScratch {
 // Combines the block's first error into the grid's; true in the last block to finish (every other
 // block's errors are then visible to it), which writes the outputs. A one-block grid (the usual
 // case) needs no scratch, so that its launch needs no memset before it.
-__device__ bool combine_and_elect_last(unsigned long long block_error, GuardScratch *scratch, bool *is_last_smem) {
+__device__ bool combine_and_elect_last(unsigned long long block_error, GuardScratch *scratch) {
+    __shared__ bool is_last;
     __syncthreads();
     if (gridDim.x == 1) return true;
     if (threadIdx.x == 0) {
         if (block_error != kNoError) atomicMax(&scratch->error_inv, ~block_error);
         __threadfence();
-        *is_last_smem = atomicAdd(&scratch->blocks_done, 1u) == gridDim.x - 1;
+        is_last = atomicAdd(&scratch->blocks_done, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    return *is_last_smem;
+    return is_last;
 }
 
 __device__ unsigned long long grid_error(unsigned long long block_error, GuardScratch *scratch) {
@@ -76,24 +77,29 @@ __device__ __forceinline__ int key_column(unsigned long long key) { return stati
 
 // Pages [0, ceil(rows / page_block_size)) of one block-table row in [0, num_blocks): one warp per
 // row, lanes over its columns.
-__device__ void check_pages(const int *block_table, int64_t stride, int cols, int page_block_size, int num_blocks,
-                            int row, long long rows_used, int code, unsigned long long *block_error) {
-    const long long capped = rows_used < 0 ? 0 : (rows_used > (long long)cols * page_block_size
-                                                      ? (long long)cols * page_block_size : rows_used);
-    const int need = static_cast<int>((capped + page_block_size - 1) / page_block_size);
-    const int *entries = block_table + row * stride;
+__device__ void check_pages(const PagedKeys &p, int row, long long rows_used, int code,
+                            unsigned long long *block_error) {
+    const long long rows = (long long)p.cols * p.page_block_size;
+    const long long capped = rows_used < 0 ? 0 : (rows_used > rows ? rows : rows_used);
+    const int need = static_cast<int>((capped + p.page_block_size - 1) / p.page_block_size);
+    const int *entries = p.block_table + row * p.stride;
     for (int c = threadIdx.x % 32; c < need; c += 32) {
         const int e = entries[c];
-        if (e < 0 || e >= num_blocks) atomicMin(block_error, error_key(row, code, c));
+        if (e < 0 || e >= p.num_blocks) atomicMin(block_error, error_key(row, code, c));
     }
+}
+
+// The block's first error, reset to none (one per block: a static __shared__ variable).
+__device__ unsigned long long *reset_block_error() {
+    __shared__ unsigned long long block_error;
+    if (threadIdx.x == 0) block_error = kNoError;
+    __syncthreads();
+    return &block_error;
 }
 
 __global__ void __launch_bounds__(kGuardThreads) kvcache_guard_kernel(const KvcacheGuardArgs a, GuardScratch *scratch,
                                                                      IndexErrorRecord *record) {
-    __shared__ unsigned long long block_error;
-    __shared__ bool is_last;
-    if (threadIdx.x == 0) block_error = kNoError;
-    __syncthreads();
+    unsigned long long &block_error = *reset_block_error();
     auto seqlen_of = [&](int i) { return a.cache_seqlens != nullptr ? a.cache_seqlens[i] : a.default_seqlen; };
     const int tid = blockIdx.x * kGuardThreads + threadIdx.x, n_threads = gridDim.x * kGuardThreads;
     for (int i = tid; i < a.b; i += n_threads) {
@@ -110,14 +116,13 @@ __global__ void __launch_bounds__(kGuardThreads) kvcache_guard_kernel(const Kvca
         }
         if (code != kIndexOk) atomicMin(&block_error, error_key(i, code, 0));
     }
-    if (a.block_table != nullptr) {
+    if (a.pages.block_table != nullptr) {
         const int warp = blockIdx.x * kGuardWarps + threadIdx.x / 32, n_warps = gridDim.x * kGuardWarps;
         for (int i = warp; i < a.b; i += n_warps) {
-            check_pages(a.block_table, a.block_table_stride, a.block_table_cols, a.page_block_size, a.num_blocks, i,
-                        (long long)seqlen_of(i) + a.seqlen_new, kBlockTableRange, &block_error);
+            check_pages(a.pages, i, (long long)seqlen_of(i) + a.seqlen_new, kBlockTableRange, &block_error);
         }
     }
-    if (!combine_and_elect_last(block_error, scratch, &is_last)) return;
+    if (!combine_and_elect_last(block_error, scratch)) return;
 
     const unsigned long long error = grid_error(block_error, scratch);
     const bool ok = error == kNoError;
@@ -133,15 +138,16 @@ __global__ void __launch_bounds__(kGuardThreads) kvcache_guard_kernel(const Kvca
     if (threadIdx.x == 0) {
         a.safe[0] = ok ? 0 : 1;
         if (!ok) {
-            const int i = key_index(error), code = key_code(error), col = key_column(error);
+            const int i = key_index(error), code = key_code(error);
+            int col = key_column(error);
             long long value = 0, limit = 0;
             switch (code) {
                 case kCacheSeqlensNegative: value = seqlen_of(i); break;
-                case kCacheSeqlensPastEnd: value = seqlen_of(i), limit = a.seqlen_cache; break;
+                case kCacheSeqlensPastEnd: value = seqlen_of(i), limit = a.seqlen_cache, col = a.seqlen_new; break;
                 case kCacheBatchIdxRange: value = a.batch_idx[i], limit = a.batch_cache; break;
                 case kCacheLeftpadRange: value = a.leftpad[i], limit = seqlen_of(i); break;
                 case kBlockTableRange:
-                    value = a.block_table[i * a.block_table_stride + col], limit = a.num_blocks;
+                    value = a.pages.block_table[i * a.pages.stride + col], limit = a.pages.num_blocks;
                     break;
                 default: break;
             }
@@ -169,30 +175,26 @@ __device__ void check_cu_seqlens(const int *cu, int b, int64_t total, int64_t ma
 
 __global__ void __launch_bounds__(kGuardThreads) varlen_guard_kernel(const VarlenGuardArgs a, GuardScratch *scratch,
                                                                     IndexErrorRecord *record) {
-    __shared__ unsigned long long block_error;
-    __shared__ bool is_last;
-    if (threadIdx.x == 0) block_error = kNoError;
-    __syncthreads();
+    unsigned long long &block_error = *reset_block_error();
     const int tid = blockIdx.x * kGuardThreads + threadIdx.x, n_threads = gridDim.x * kGuardThreads;
     for (int i = tid; i < a.b; i += n_threads) {
         check_cu_seqlens(a.cu_seqlens_q, a.b, a.total_q, a.max_seqlen_q, 0, i, &block_error);
         check_cu_seqlens(a.cu_seqlens_k, a.b, a.total_k, a.max_seqlen_k, kCuSeqlensKOffset, i, &block_error);
-        if (a.block_table != nullptr) {
+        if (a.pages.block_table != nullptr) {
             const long long rows = a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i];
-            if (rows > (long long)a.block_table_cols * a.page_block_size) {
+            if (rows > (long long)a.pages.cols * a.pages.page_block_size) {
                 atomicMin(&block_error, error_key(i, kKeyRowsPastBlockTable, 0));
             }
         }
     }
-    if (a.block_table != nullptr) {
+    if (a.pages.block_table != nullptr) {
         const int warp = blockIdx.x * kGuardWarps + threadIdx.x / 32, n_warps = gridDim.x * kGuardWarps;
         for (int i = warp; i < a.b; i += n_warps) {
-            check_pages(a.block_table, a.block_table_stride, a.block_table_cols, a.page_block_size, a.num_blocks, i,
-                        (long long)a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i], kVarlenBlockTableRange,
+            check_pages(a.pages, i, (long long)a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i], kVarlenBlockTableRange,
                         &block_error);
         }
     }
-    if (!combine_and_elect_last(block_error, scratch, &is_last)) return;
+    if (!combine_and_elect_last(block_error, scratch)) return;
 
     const unsigned long long error = grid_error(block_error, scratch);
     const bool ok = error == kNoError;
@@ -217,10 +219,10 @@ __global__ void __launch_bounds__(kGuardThreads) varlen_guard_kernel(const Varle
                     break;
                 case kKeyRowsPastBlockTable:
                     value = a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i];
-                    limit = (long long)a.block_table_cols * a.page_block_size;
+                    limit = (long long)a.pages.cols * a.pages.page_block_size;
                     break;
                 case kVarlenBlockTableRange:
-                    value = a.block_table[i * a.block_table_stride + col], limit = a.num_blocks;
+                    value = a.pages.block_table[i * a.pages.stride + col], limit = a.pages.num_blocks;
                     break;
                 default: break;
             }
@@ -316,7 +318,7 @@ IndexErrorRecord *index_error_record_if_allocated() { return g_record.load(); }
 void guard_kvcache_indices(const KvcacheGuardArgs &args, cudaStream_t stream) {
     IndexErrorRecord *record = index_error_record();
     GuardScratch *scratch = scratch_after(args.safe, 1 + 4 * int64_t(args.b));
-    const int blocks = guard_blocks(args.b, args.block_table != nullptr);
+    const int blocks = guard_blocks(args.b, args.pages.block_table != nullptr);
     if (blocks > 1) FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
     kvcache_guard_kernel<<<blocks, kGuardThreads, 0, stream>>>(args, scratch, record);
     FLASH_CHECK_LAUNCH();
@@ -325,7 +327,7 @@ void guard_kvcache_indices(const KvcacheGuardArgs &args, cudaStream_t stream) {
 void guard_varlen_indices(const VarlenGuardArgs &args, cudaStream_t stream) {
     IndexErrorRecord *record = index_error_record();
     GuardScratch *scratch = scratch_after(args.safe, 1 + 2 * (int64_t(args.b) + 1));
-    const int blocks = guard_blocks(args.b, args.block_table != nullptr);
+    const int blocks = guard_blocks(args.b, args.pages.block_table != nullptr);
     if (blocks > 1) FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
     varlen_guard_kernel<<<blocks, kGuardThreads, 0, stream>>>(args, scratch, record);
     FLASH_CHECK_LAUNCH();

@@ -20,7 +20,7 @@ namespace flash {
 enum IndexErrorCode : int {
     kIndexOk = 0,
     kCacheSeqlensNegative = 1,    // index: sequence
-    kCacheSeqlensPastEnd = 2,     // value: cache_seqlens[i], limit: rows the cache holds
+    kCacheSeqlensPastEnd = 2,     // value: cache_seqlens[i], limit: rows the cache holds, column: new rows
     kCacheBatchIdxRange = 3,      // value: cache_batch_idx[i], limit: k_cache.shape[0]
     kCacheLeftpadRange = 4,       // value: cache_leftpad[i], limit: the sequence's cache rows
     kBlockTableRange = 5,         // index: row, column, value: entry, limit: num_blocks
@@ -50,20 +50,26 @@ IndexErrorRecord *index_error_record();
 // The record if a guard has run in this process, else nullptr (no CUDA call).
 IndexErrorRecord *index_error_record_if_allocated();
 
+// A paged key cache's block table: (b, cols) int32 with row stride `stride`, entries in
+// [0, num_blocks); nullptr when the keys are not paged.
+struct PagedKeys {
+    const int *block_table;
+    int cols;
+    int64_t stride;
+    int page_block_size;
+    int num_blocks;
+};
+
 struct KvcacheGuardArgs {
     const int *cache_seqlens;  // (b,) or nullptr: `default_seqlen` for every sequence
     const int *batch_idx;      // (b,) or nullptr
     const int *leftpad;        // (b,) or nullptr
-    const int *block_table;    // (b, block_table_cols) row stride block_table_stride, or nullptr
+    PagedKeys pages;
     int b;
     int default_seqlen;
     int seqlen_new;    // rows appended per sequence (k.shape[1]), 0 without new keys
     int seqlen_cache;  // rows a sequence can hold
     int batch_cache;   // k_cache.shape[0] (not paged)
-    int block_table_cols;
-    int64_t block_table_stride;
-    int page_block_size;
-    int num_blocks;
     // Output: int32 [flag, cache_seqlens (b), seqused (b), batch_idx (b), leftpad (b)]; flag 1 and
     // every other entry 0 when a value is bad.
     int *safe;
@@ -72,16 +78,12 @@ struct KvcacheGuardArgs {
 struct VarlenGuardArgs {
     const int *cu_seqlens_q;  // (b + 1,)
     const int *cu_seqlens_k;  // (b + 1,)
-    const int *block_table;   // paged keys: (b, block_table_cols), or nullptr
+    PagedKeys pages;          // total_k is -1 when paged
     int b;
     int64_t total_q;
     int64_t total_k;  // -1 with block_table
     int64_t max_seqlen_q;
     int64_t max_seqlen_k;
-    int block_table_cols;
-    int64_t block_table_stride;
-    int page_block_size;
-    int num_blocks;
     // Output: int32 [flag, cu_seqlens_q (b + 1), cu_seqlens_k (b + 1)]; zeros (every sequence
     // empty) when a value is bad.
     int *safe;

@@ -66,11 +66,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     int64_t seqlen_k = k_cache.size(1);
     if (paged) {
         block_table = block_table_.value();
-        FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
-                        block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b,
-                    "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq)"
-                    " on q's device, got ", block_table.scalar_type(), " ", block_table.sizes());
-        FLASH_CHECK(block_table.stride(-1) == 1, "flash_attn: block_table must have a contiguous last dimension");
+        check_block_table(block_table, b, q);
         FLASH_CHECK(k_cache.size(1) % 16 == 0,
                     "flash_attn: paged KV needs page_block_size (k_cache.shape[1]) to be a multiple of 16, got ",
                     k_cache.size(1));

@@ -450,4 +450,14 @@ at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, 
     return t.contiguous();
 }
 
+// (b, max_num_blocks_per_seq) int32 on q's device with a contiguous last dimension.
+void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q) {
+    FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
+                    block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b &&
+                    block_table.stride(-1) == 1,
+                "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq) "
+                "with a contiguous last dimension on q's device, got ", block_table.scalar_type(), " ",
+                block_table.sizes());
+}
+
 }  // namespace flash::api

@@ -168,11 +168,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     if (paged) {
         block_table = block_table_.value();
-        FLASH_CHECK(block_table.is_cuda() && block_table.device() == q.device() &&
-                        block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.size(0) == b,
-                    "flash_attn: block_table must be an int32 CUDA tensor of shape (batch_size, max_num_blocks_per_seq)"
-                    " on q's device, got ", block_table.scalar_type(), " ", block_table.sizes());
-        FLASH_CHECK(block_table.stride(-1) == 1, "flash_attn: block_table must have a contiguous last dimension");
+        check_block_table(block_table, b, q);
         const int64_t page = k.size(1);
         FLASH_CHECK(page % 16 == 0, "flash_attn: paged KV needs page_block_size (k.shape[1]) to be a multiple of 16, got ",
                     page);
