@@ -34,18 +34,12 @@ __forceinline__ __device__ void pdl_wait_primary() {
 #endif
 }
 
-// kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
-// segment around the 16 bytes; a K/V row of d = 128 is one such segment).
-template <bool kL2Prefetch = false>
+// One 16-byte cp.async; pred false zero-fills the 16 bytes (source size 0, gmem not read).
 __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const int src_size = pred ? 16 : 0;
-    if constexpr (kL2Prefetch) {
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
 #endif
 }
 

@@ -76,14 +76,7 @@ static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideS
 // the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
 // so the results are bitwise those of the default.
-// kL2Prefetch (measured no faster; not dispatched): K/V loads with the L2 256-byte prefetch hint.
-// kPipelineS (0.3-1.4% slower; not dispatched; kStages >= 3): a warp issues the S = Q K^T MMAs of
-// its next tile before the softmax and P V of the current one, so that the tensor-core latency
-// of S overlaps the softmax's shuffles and exps instead of adding to each tile's chain (the per-
-// tile latency limits a warp here). The cost: the next tile must have landed one iteration
-// earlier, so one tile fewer of the ring is in flight. Bitwise the same results.
-template <typename Traits, bool kMod = false, bool kSkipRescale = false, bool kL2Prefetch = false,
-          bool kPipelineS = false>
+template <typename Traits, bool kMod = false, bool kSkipRescale = false>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     pdl_launch_dependents();  // the combine kernel may be scheduled once every CTA has started
     using Element = typename Traits::Element;
@@ -176,8 +169,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                 k_off = k_dense + index_t(key) * params.k_row_stride;
                 v_off = v_dense + index_t(key) * params.v_row_stride;
             }
-            cp_async_16_zfill<kL2Prefetch>(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
-            cp_async_16_zfill<kL2Prefetch>(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
+            cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
+            cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
         }
         if (paged_chunks) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
     };
@@ -231,22 +224,32 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
     }
 
-    // S = Q K^T of the tile in `stage` into acc_s.
-    auto gemm_s = [&](auto &acc_s, int stage) {
-        Tensor tSsK = thr_smem_copy_K.partition_S(sK_at(stage));
+    for (int it = 0; it < my_count; ++it) {
+        const int stage = it % kStages;
+        const int tile = my_first + it * kNWarps;
+        // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
+        // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
+        if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
+        cp_async_fence();
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+
+        Tensor sK = sK_at(stage);
+        Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
+        Tensor tSsK = thr_smem_copy_K.partition_S(sK);
+        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
+
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
         clear(acc_s);
         if constexpr (Traits::kQInRegs) {
             gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
         } else {
-            gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
+            gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
+                    thr_smem_copy_K);
         }
-    };
-    // Masks, online softmax and O += P V of `tile` (its V in `stage`).
-    auto softmax_pv = [&](auto &acc_s, int stage, int tile) {
-        Tensor sVt = make_tensor(sK_at(stage).data() + kTileElems, typename WT::SmemLayoutVt{});
-        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
-        splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
-                                             needs_row_mask, params);
+
+        splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k,
+                                             diag, needs_row_mask, params);
         if constexpr (kSkipRescale) {
             splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
         } else {
@@ -256,74 +259,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
-    };
-
-    if constexpr (!kPipelineS) {
-        // (The loop as before kPipelineS, written out: through gemm_s / softmax_pv its SASS moved.)
-        for (int it = 0; it < my_count; ++it) {
-            const int stage = it % kStages;
-            const int tile = my_first + it * kNWarps;
-            // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
-            // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
-            if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
-            cp_async_fence();
-            cp_async_wait<kStages - 1>();
-            __syncwarp();
-
-            Tensor sK = sK_at(stage);
-            Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
-            Tensor tSsK = thr_smem_copy_K.partition_S(sK);
-            Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
-
-            Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
-            clear(acc_s);
-            if constexpr (Traits::kQInRegs) {
-                gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
-            } else {
-                gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
-                        thr_smem_copy_K);
-            }
-
-            splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k,
-                                                 diag, needs_row_mask, params);
-            if constexpr (kSkipRescale) {
-                splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
-            } else {
-                softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
-            }
-
-            Tensor rP = convert_type<Element>(acc_s);
-            Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
-            gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
-            __syncwarp();  // every lane is done with this stage's buffers before they are refilled
-        }
-    } else {
-        static_assert(kStages >= 3, "tiles it - 1 (refilled), it (V) and it + 1 (K) in distinct buffers");
-        // cp.async groups so far: Q, then tiles 0 .. kStages - 2 (one group each, empty past
-        // my_count). S of tile 0 needs group 1: all but the last kStages - 2 groups complete.
-        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
-        if (my_count > 0) {
-            cp_async_wait<kStages - 2>();
-            __syncwarp();
-            gemm_s(acc_s, 0);
-        }
-        for (int it = 0; it < my_count; ++it) {
-            const int stage = it % kStages;
-            const int tile = my_first + it * kNWarps;
-            // Tile it + kStages - 1 into the buffer of tile it - 1 (its V was read in iteration
-            // it - 1, its K in it - 2, both before that iteration's closing __syncwarp).
-            if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
-            cp_async_fence();
-            cp_async_wait<kStages - 2>();  // tile it + 1 landed (group it + 2)
-            __syncwarp();
-
-            Tensor acc_s_next = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
-            if (it + 1 < my_count) { gemm_s(acc_s_next, (it + 1) % kStages); }
-            softmax_pv(acc_s, stage, tile);
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_s); ++i) { acc_s(i) = acc_s_next(i); }
-            __syncwarp();  // every lane is done with tile it's buffers before they are refilled
-        }
+        __syncwarp();  // every lane is done with this stage's buffers before they are refilled
     }
     cp_async_wait<0>();
 
