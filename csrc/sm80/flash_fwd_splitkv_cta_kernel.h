@@ -23,10 +23,8 @@
 #include "common/block_info.h"
 #include "common/flash.h"
 #include "common/splitkv_merge.h"
-#include "common/splitkv_combine.h"
 #include "sm80/flash_fwd_splitkv_kernel.h"
 #include "common/kernel_traits.h"
-#include "common/launch_check.h"
 #include "common/softmax.h"
 #include "common/utils.h"
 
@@ -60,13 +58,12 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
-// kPaged (FwdParams::decode_paged_cta): K / V
-// rows through params.block_table, for power-of-two pages without cache_leftpad (the binding
-// checks): a thread's rows of a tile come in 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
-// thread kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not
-// a division per row. (Earlier first paged form, a division and an entry per row, was 14-22%
-// slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on
-// the critical path.)
+// kPaged (FwdParams::decode_paged_cta): K / V rows through params.block_table, for power-of-two
+// pages without cache_leftpad (the binding checks): a thread's rows of a tile come in 16-row
+// chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the thread
+// kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not a
+// division per row. (A division and an entry per row measured 14-22% slower than the sm_90a
+// kernel: with one warp per scheduler the copy-issue instructions are on the critical path.)
 template <typename Traits, bool kPaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_splitkv_cta_kernel(const __grid_constant__ FwdParams params) {
@@ -89,19 +86,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
-    const int m_block = blockIdx.y, split = blockIdx.z;
-    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
-    const int g = params.h_h_k_ratio;
-
-    const BlockInfo binfo(params, bidb);
-    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
-    const int packed_rows = seqlen_q * g;
-    const int p0 = m_block * kBlockM;
-    if (p0 >= packed_rows) return;
-    const int diag = seqlen_k - seqlen_q;
+    const SplitKVBlock<kBlockM> blk(params);
+    if (blk.empty()) return;
+    const BlockInfo &binfo = blk.binfo;
+    const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
     // Keys this row block can see, in whole CTA tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN>(params, blk);
     const int s_begin = tiles.begin, n_tiles = max(0, tiles.end - tiles.begin);
 
     // ---- shared memory: Q | K ring (kStages x 4 warp sub-tiles) | V ring ----
@@ -114,7 +105,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                            typename WT::SmemLayoutKV{});
     };
 
-    splitkv_load_q<kBlockM, kHeadDim, kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k, tidx);
+    splitkv_load_q<kHeadDim, kNThreads, Element>(params, blk, sQ, tidx);
     cp_async_fence();
 
     // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
@@ -213,12 +204,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     static_assert(kNRows == 2);
     int row_q[kNRows];
     [[maybe_unused]] float alibi_slope[kNRows];
-    splitkv_row_state<false>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    splitkv_row_state<false>(params, coords_s_rc, blk, row_q, alibi_slope);
     const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
 
     OnlineSoftmax<kNRows> softmax;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+    softmax.reset();
 
     Tensor sK0 = sub_tile(smem_k, 0, 0);
     Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename WT::SmemLayoutVtNoSwizzle{});
@@ -278,22 +268,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     cp_async_wait<0>();
 
     __syncthreads();  // all warps are done with their K / V buffers: the merge reuses them
-    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, kNThreads, Element>(
-        params, binfo, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
-        split);
-}
-
-// Launch (the caller has checked: d = 128, no softcap / ALiBi; a block table only with kPaged).
-template <typename Traits, bool kPaged = false>
-void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
-    constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged>;
-    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
-    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
+    splitkv_merge_and_store<kNWarps, kHeadDim, kNThreads, Element>(
+        params, blk, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx);
 }
 
 }  // namespace flash

@@ -95,19 +95,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
     // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
-    const int m_block = blockIdx.y, split = blockIdx.z;
-    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
-    const int g = params.h_h_k_ratio;
-
-    const BlockInfo binfo(params, bidb);
-    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
-    const int packed_rows = seqlen_q * g;
-    const int p0 = m_block * kBlockM;
-    if (p0 >= packed_rows) return;
-    const int diag = seqlen_k - seqlen_q;
+    const SplitKVBlock<kBlockM> blk(params);
+    if (blk.empty()) return;
+    const BlockInfo &binfo = blk.binfo;
+    const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
     // Keys this row block can see, in whole warp tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw>(params, blk);
     const int s_begin = tiles.begin, s_end = tiles.end;
 
     // ---- shared memory ----
@@ -123,8 +117,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                            typename WT::SmemLayoutKV{});
     };
 
-    splitkv_load_q<kBlockM, kHeadDim, Traits::kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k,
-                                                                  tidx);
+    splitkv_load_q<kHeadDim, Traits::kNThreads, Element>(params, blk, sQ, tidx);
     cp_async_fence();
 
     // ---- K/V rows: dense (batch stride, leftpad, kv_batch_idx, varlen offset) or paged ----
@@ -196,12 +189,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     // Query index (-1 past the end) and, with kMod, ALiBi slope of this thread's rows.
     int row_q[kNRows];
     [[maybe_unused]] float alibi_slope[kNRows];
-    splitkv_row_state<kMod>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    splitkv_row_state<kMod>(params, coords_s_rc, blk, row_q, alibi_slope);
     const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
 
     OnlineSoftmax<kNRows> softmax;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+    softmax.reset();
 
     Tensor sK0 = sK_at(0);
     Tensor sVt0 = make_tensor(sK0.data(), typename WT::SmemLayoutVt{});
@@ -248,8 +240,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                     thr_smem_copy_K);
         }
 
-        splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k,
-                                             diag, needs_row_mask, params);
+        splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
+                                             needs_row_mask, params);
         if constexpr (kSkipRescale) {
             splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
         } else {
@@ -264,9 +256,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     cp_async_wait<0>();
 
     __syncthreads();  // all warps are done with their K/V buffers: the merge reuses them
-    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, Traits::kNThreads, Element>(
-        params, binfo, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
-        split);
+    splitkv_merge_and_store<kNWarps, kHeadDim, Traits::kNThreads, Element>(
+        params, blk, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx);
 }
 
 }  // namespace flash
