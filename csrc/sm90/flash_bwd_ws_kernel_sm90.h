@@ -10,9 +10,9 @@
 //       all on stage s's full barrier (PipelineTmaAsync); it runs ahead until the ring is full.
 //   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block; kSplitD, head dim 256: the
 //       same 64 keys, head-dim halves of dK / dV / dQ, see BwdKernelTraitsSm90SplitD): K and V
-//       once (cp.async, zero-filled past seqlen_k, as today), then per query block
+//       once (cp.async, zero-filled past seqlen_k), then per query block
 //         wait full[s]
-//         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q   (as today)
+//         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q
 //         dS^T -> dS buffer (block parity); named barrier kdS over the 256 consumer threads
 //         dQ = dS K; wait all GEMMs; release stage s (empty[s], 256 arrivals)
 //         dQ tile -> shared buffer, added into dq_accum by the dQ writer warp
@@ -485,7 +485,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const int lse_shift = bwd_ws_lse_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
     const int dsum_shift = bwd_ws_dsum_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
 
-    // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
+    // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim) ----
     {
         typename Traits::GmemTiledCopyLoad gmem_copy;
         auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
@@ -626,7 +626,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
         // dropout kernels spill with it (24 / 68 bytes), and the d64 kernel (32 columns per
         // thread: 300 bytes), so they read in place. The d256 split-d kernels took it without
-        // spills but were no faster (causal 2% slower; branch s21-d256-prefetch).
+        // spills but were no faster (causal 2% slower).
         // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
         // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
         constexpr int kQueryCols = decltype(size<1>(scores))::value;

@@ -91,8 +91,8 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     // FA3's split for one producer + two consumer warpgroups: 128 x 24 + 256 x 240 = 64512 registers.
     // The dropout kernel (not split-d) gives warps 2-3 of the producer warpgroup the Philox calls
     // (kDropoutInProducer). The setmaxnreg pool is the CTA's launch allocation, 384 x 168 = 64512
-    // (128 x 32 + 256 x 240 = 65536 left the consumers' setmaxnreg.inc waiting forever: the
-    // session-19 hang). 24 / 240: the Philox loop fits in 24 registers without spills (d128), and
+    // (128 x 32 + 256 x 240 = 65536 leaves the consumers' setmaxnreg.inc waiting forever: a
+    // hang). 24 / 240: the Philox loop fits in 24 registers without spills (d128), and
     // the consumers spill 76 bytes at 232.
     // d64 stays on the consumers' generation: there the producer form (40 / 232 registers)
     // measured 1.38x the plain backward against 1.36x (d128: 1.14x against 1.20x).
