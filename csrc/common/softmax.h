@@ -31,6 +31,12 @@ struct OnlineSoftmax {
     using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
     RowTensor row_max, row_sum;
 
+    // The state before the first tile: max -inf, sum 0.
+    __forceinline__ __device__ void reset() {
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) { row_max(mi) = -INFINITY, row_sum(mi) = 0.f; }
+    }
+
     // Folds one masked score tile (MMA accumulator layout) into the running statistics and
     // leaves exp(scores - max) in acc_s. Returns the factor each row of the output accumulator
     // must be multiplied by (all 1 on the first tile); the Hopper kernel applies it only once

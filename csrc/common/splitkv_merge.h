@@ -1,7 +1,9 @@
-// Pieces shared by the split-KV kernels (flash_fwd_splitkv_kernel.h, the SM80-class one, and
-// sm90/flash_fwd_decode_sm90.h, the sm_90a bulk-copy one): the per-tile score modifiers and
-// masks, and the end-of-kernel merge of the warps' softmax states with the store of the (partial)
-// output. Both kernels give each warp its own keys, 16 packed rows and its own online softmax.
+// Pieces shared by the split-KV kernels (sm80/flash_fwd_splitkv_kernel.h and
+// sm80/flash_fwd_splitkv_cta_kernel.h, SM80-class, and sm90/flash_fwd_decode_sm90.h, the sm_90a
+// bulk-copy one): the split's key tiles, the Q load, the rows' state with the per-tile score
+// modifiers and masks, and the end-of-kernel merge of the warps' softmax states with the store of
+// the (partial) output. The kernels give each warp its own keys, 16 packed rows and its own online
+// softmax.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -34,31 +36,53 @@ __forceinline__ __device__ void pdl_wait_primary() {
 #endif
 }
 
-// kL2Prefetch: with the .L2::256B prefetch-size hint (the L2 fetches the whole 256-byte
-// segment around the 16 bytes; a K/V row of d = 128 is one such segment).
-template <bool kL2Prefetch = false>
+// One 16-byte cp.async; pred false zero-fills the 16 bytes (source size 0, gmem not read).
 __forceinline__ __device__ void cp_async_16_zfill(void *smem, const void *gmem, bool pred) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const int src_size = pred ? 16 : 0;
-    if constexpr (kL2Prefetch) {
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-    } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
 #endif
 }
+
+// A split-KV CTA's block of work, from the grid (b * h_k, blocks of kBlockM packed rows, splits):
+// packed row p of the block (p0 <= p < p0 + kBlockM) is (query p / g, query head bidh_k * g + p % g),
+// so the g query heads of KV head bidh_k share one read of K and V (GQA packing).
+template <int kBlockM_>
+struct SplitKVBlock {
+    static constexpr int kBlockM = kBlockM_;
+    int m_block, split, bidb, bidh_k, g;
+    BlockInfo binfo;
+    int seqlen_q, seqlen_k, packed_rows, p0, diag;
+
+    __forceinline__ __device__ explicit SplitKVBlock(const FwdParams &params)
+        : m_block(blockIdx.y),
+          split(blockIdx.z),
+          bidb(blockIdx.x / params.h_k),
+          bidh_k(blockIdx.x % params.h_k),
+          g(params.h_h_k_ratio),
+          binfo(params, bidb),
+          seqlen_q(binfo.seqlen_q),
+          seqlen_k(binfo.seqlen_k),
+          packed_rows(seqlen_q * g),
+          p0(m_block * kBlockM),
+          diag(seqlen_k - seqlen_q) {}
+    // No packed row of the block is in the sequence (uniform over the CTA).
+    __forceinline__ __device__ bool empty() const { return p0 >= packed_rows; }
+};
 
 // A split's key tiles: [begin, end) in units of the kernel's tile (none when end <= begin).
 struct SplitKVTiles {
     int begin, end;
 };
 
-// The keys packed row block p0 (kBlockM rows) can see (the sequence, cut by the causal / sliding
-// window bounds), in whole tiles of kTileKeys keys, and split `split`'s share of them.
-template <int kTileKeys, int kBlockM>
-__forceinline__ __device__ SplitKVTiles splitkv_split_tiles(const FwdParams &params, int p0, int packed_rows, int g,
-                                                            int seqlen_k, int diag, int split) {
+// The keys the block's packed rows can see (the sequence, cut by the causal / sliding window
+// bounds), in whole tiles of kTileKeys keys, and the block's split's share of them.
+template <int kTileKeys, typename Block>
+__forceinline__ __device__ SplitKVTiles splitkv_split_tiles(const FwdParams &params, Block const &blk) {
+    constexpr int kBlockM = Block::kBlockM;
+    const int p0 = blk.p0, packed_rows = blk.packed_rows, g = blk.g, seqlen_k = blk.seqlen_k, diag = blk.diag,
+              split = blk.split;
     const int i_first = p0 / g;
     const int i_last_q = (min(p0 + kBlockM, packed_rows) - 1) / g;
     int n_begin = 0, n_end = seqlen_k;
@@ -71,12 +95,14 @@ __forceinline__ __device__ SplitKVTiles splitkv_split_tiles(const FwdParams &par
     return {s_begin, min(t_end, s_begin + tiles_per_split)};
 }
 
-// Q of packed row block p0 into sQ (cp.async, zero-filled past the last row and past d; the caller
-// fences): packed row p is (query p / g, head bidh_k * g + p % g).
-template <int kBlockM, int kHeadDim, int kNThreads, typename Element, typename TensorQ>
-__forceinline__ __device__ void splitkv_load_q(const FwdParams &params, const BlockInfo &binfo, TensorQ &sQ, int p0,
-                                               int packed_rows, int g, int bidb, int bidh_k, int tidx) {
+// Q of the block's packed rows into sQ (cp.async, zero-filled past the last row and past d; the
+// caller fences).
+template <int kHeadDim, int kNThreads, typename Element, typename Block, typename TensorQ>
+__forceinline__ __device__ void splitkv_load_q(const FwdParams &params, Block const &blk, TensorQ &sQ, int tidx) {
     using index_t = int64_t;
+    constexpr int kBlockM = Block::kBlockM;
+    const BlockInfo &binfo = blk.binfo;
+    const int p0 = blk.p0, packed_rows = blk.packed_rows, g = blk.g, bidb = blk.bidb, bidh_k = blk.bidh_k;
     constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
     const Element *q_base = reinterpret_cast<const Element *>(params.q_ptr) +
                             binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb);
@@ -104,13 +130,14 @@ __forceinline__ __device__ void splitkv_softmax_update_skip_rescale(Softmax &sof
     if (__any_sync(0xffffffffu, moved)) { softmax.rescale_o(acc_o, rescale); }
 }
 
-// Per-row state of this thread's kNRows packed rows (p0 + the row of coords_s_rc(mi, 0)): the
-// query index (for the causal / window mask; -1 past the end) and, with kMod, the ALiBi slope of
-// the row's query head as -slope / scale_softmax (as ScoreMod: the bias is added before scaling).
-template <bool kMod, int kNRows, typename TensorC>
-__forceinline__ __device__ void splitkv_row_state(const FwdParams &params, TensorC const &coords_s_rc, int p0,
-                                                  int packed_rows, int g, int bidb, int bidh_k, int (&row_q)[kNRows],
-                                                  float (&alibi_slope)[kNRows]) {
+// Per-row state of this thread's kNRows packed rows of the block (blk.p0 + the row of
+// coords_s_rc(mi, 0)): the query index (for the causal / window mask; -1 past the end) and, with
+// kMod, the ALiBi slope of the row's query head as -slope / scale_softmax (as ScoreMod: the bias is
+// added before scaling).
+template <bool kMod, int kNRows, typename TensorC, typename Block>
+__forceinline__ __device__ void splitkv_row_state(const FwdParams &params, TensorC const &coords_s_rc, Block const &blk,
+                                                  int (&row_q)[kNRows], float (&alibi_slope)[kNRows]) {
+    const int p0 = blk.p0, packed_rows = blk.packed_rows, g = blk.g, bidb = blk.bidb, bidh_k = blk.bidh_k;
     CUTE_UNROLL
     for (int mi = 0; mi < kNRows; ++mi) {
         const int p = p0 + get<0>(coords_s_rc(mi, 0));
@@ -166,15 +193,17 @@ __forceinline__ __device__ void splitkv_mod_and_mask(TensorS &acc_s, TensorC con
 }
 
 // Merges the warps of a CTA, O = sum_w exp(m_w - M) O_w / L with L = sum_w exp(m_w - M) l_w, and
-// writes the rows of packed row block p0: out / softmax_lse when num_splits == 1, else this
-// split's fp32 partial output and LSE. smem_merge: kNWarps * kBlockM * (kHeadDim + 2) floats that
-// no warp reads any more (the caller synchronises the CTA before the call).
-template <int kNWarps, int kBlockM, int kHeadDim, int kNThreads, typename Element, typename ThrMma, typename TensorO,
-          typename Softmax>
-__forceinline__ __device__ void splitkv_merge_and_store(const FwdParams &params, const BlockInfo &binfo, float *smem_merge,
+// writes the block's packed rows: out / softmax_lse when num_splits == 1, else this split's fp32
+// partial output and LSE. smem_merge: kNWarps * kBlockM * (kHeadDim + 2) floats that no warp reads
+// any more (the caller synchronises the CTA before the call).
+template <int kNWarps, int kHeadDim, int kNThreads, typename Element, typename Block, typename ThrMma,
+          typename TensorO, typename Softmax>
+__forceinline__ __device__ void splitkv_merge_and_store(const FwdParams &params, Block const &blk, float *smem_merge,
                                                         ThrMma const &thr_mma, TensorO &acc_o, Softmax &softmax,
-                                                        int tidx, int p0, int packed_rows, int bidb, int bidh_k,
-                                                        int split) {
+                                                        int tidx) {
+    constexpr int kBlockM = Block::kBlockM;
+    const BlockInfo &binfo = blk.binfo;
+    const int p0 = blk.p0, packed_rows = blk.packed_rows, bidb = blk.bidb, bidh_k = blk.bidh_k, split = blk.split;
     using index_t = int64_t;
     constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks of the output row
     const int warp = tidx / 32;

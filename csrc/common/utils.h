@@ -57,6 +57,14 @@ __forceinline__ __device__ auto convert_type(Tensor<Engine, Layout> const &tenso
     return make_tensor(make_rmem_ptr<To>(&frag), tensor.layout());
 }
 
+// tensor converted element-wise into dst, a register tensor of the target type and tensor's size:
+// convert_type's result points into its converter's fragment, so it is copied out at once.
+template <typename Engine, typename Layout, typename TensorDst>
+__forceinline__ __device__ void convert_into(Tensor<Engine, Layout> const &tensor, TensorDst &dst) {
+    Tensor converted = convert_type<typename TensorDst::value_type>(tensor);
+    cute::copy(converted, dst);
+}
+
 // ---- GEMM loops over the K dimension (ldmatrix of slice k+1 overlaps the MMA of slice k) ------
 
 template <typename TensorAcc, typename TensorA, typename TensorB, typename TensorSA, typename TensorSB,

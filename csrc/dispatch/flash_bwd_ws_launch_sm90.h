@@ -23,17 +23,12 @@ namespace flash {
 //   d64:  3 stages: Q + dO 3 x 16 KB + K + V 32 KB + dS 2 x 16 KB         = 112 KB
 //   d128: 2 stages: Q + dO 2 x 32 KB + K + V 64 KB + dS 2 x 16 KB         = 160 KB
 // (d128 with 3 stages would take 192 KB; FA3 keeps 2 there.)
-// kDqTma (always dispatched) adds two fp32 dQ tiles: d64 + 2 x 16 KB = 146 KB, d128 +
-// 2 x 32 KB = 226 KB (of 227).
-// kOverlap (measured no faster; not dispatched) carries the dQ tile (d/4 fp32 registers per thread)
-// over the next block's S^T / dP^T issue, next to dK, dV, S^T and dP^T: the d64 consumers peak
-// at 180 of their 240 registers; d128 (234 without it) spills 20-28 bytes, so it is built for
-// d64 only.
+// The two fp32 dQ tiles of the bulk reduce-add add d64 2 x 16 KB = 146 KB, d128 2 x 32 KB =
+// 226 KB (of 227).
 // kDropout adds two 8 KB keep-flag buffers: d64 146 + 16 = 162 KB; d128 takes one dQ buffer
 // fewer (226 - 32 + 16 = 210 KB).
-template <typename Element, int kHeadDim, bool kDqTma = false, bool kOverlap = false, bool kMod = false,
-          bool kDropout = false>
-using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kDqTma, kOverlap, kMod, kDropout>;
+template <typename Element, int kHeadDim, bool kMod = false, bool kDropout = false>
+using BwdWsTraitsFor = BwdWsTraitsSm90<kHeadDim, kHeadDim == 64 ? 3 : 2, Element, kMod, kDropout>;
 
 namespace bwd_ws_detail {
 
@@ -45,9 +40,9 @@ inline bool tma_stride_ok(int64_t stride, int extent) { return extent <= 1 || (s
 template <typename Traits>
 void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems, int64_t dsum_elems) {
     using Element = typename Traits::Element;
-    // dq_accum's layout for the conversion and the kernel (kp.p is a copy): the split-d stage
-    // form and the kDqTma dQ tiles always swizzle.
-    params.dq_accum_swizzled = Traits::kDqStage || (Traits::kDqTma && !Traits::kSplitD);
+    // dq_accum's layout for the conversion and the kernel (kp.p is a copy): the dQ tiles of every
+    // warp-specialised kernel (its shared buffers, or the split-d Q / dO stage) swizzle.
+    params.dq_accum_swizzled = true;
     FLASH_BIND_CONTEXT();
     BwdWsKernelParams<Traits> kp{};
     kp.p = params;
@@ -156,12 +151,12 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     // (FA3's d64 tiles), 2 stages: Q + dO 2 x 2 x 16 KB + K + V 32 KB + dS 2 x 32 KB + dQ 2 x 32 KB =
     // 224 KB; H200 bf16 8k backward 8.57 -> 7.19 ms (causal 4.54 -> 3.84) against 64-row blocks.
     if constexpr (kHeadDim == 64) {
-        using Traits = BwdWsTraitsSm90<64, 2, Element, /*kDqTma=*/true, false, /*kMod=*/kMod, false, 0, false, false,
+        using Traits = BwdWsTraitsSm90<64, 2, Element, /*kMod=*/kMod, /*kDropout=*/false, /*kSplitD=*/false,
                                        /*kBlockM=*/128>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
-        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/kMod>>(
-            params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+        bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kMod=*/kMod>>(params, stream, rows_q, batch_q,
+                                                                            lse_elems, dsum_elems);
     }
     return true;
 }
@@ -179,14 +174,14 @@ bool run_mha_bwd_ws_sm90_dropout(BwdParams &params, cudaStream_t stream) {
     int rows_q, batch_q;
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<kHeadDim>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
-    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kDqTma=*/true, /*kOverlap=*/false, /*kMod=*/true,
-                                         /*kDropout=*/true>>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kMod=*/true, /*kDropout=*/true>>(
+        params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     return true;
 }
 
 // Head dim 256: the split-d kernel (kSplitD: 64-key CTAs, the consumer warpgroups split the head
-// dim; BwdKernelTraitsSm90SplitD) in its exchange form (S^T / dP^T split by queries, P^T / dS^T
-// through shared memory, 224 KB; dQ through the Q / dO stage), dense or varlen, causal / sliding
+// dim; BwdKernelTraitsSm90SplitD: S^T / dP^T split by queries, P^T / dS^T through shared memory,
+// 224 KB; dQ through the Q / dO stage), dense or varlen, causal / sliding
 // window, MQA / GQA. One kernel takes the plain calls and those with softcap and / or ALiBi or
 // deterministic (dense, the slices and counters the binding prepared: params.bwd_ws_det; the
 // writer warp adds each dQ tile in the slice's order): the score modifiers are run-time branches,
@@ -205,12 +200,10 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
     int64_t lse_elems, dsum_elems;
     if (!bwd_ws_detail::tma_geometry<256>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
     if (dropout) {
-        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, /*kDropout=*/true,
-                                       /*kSplitD=*/2, /*kDqStage=*/true>;
+        using Traits = BwdWsTraitsSm90<256, 2, Element, /*kMod=*/true, /*kDropout=*/true, /*kSplitD=*/true>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
-        using Traits = BwdWsTraitsSm90<256, 2, Element, false, false, /*kMod=*/true, false, /*kSplitD=*/2,
-                                       /*kDqStage=*/true>;
+        using Traits = BwdWsTraitsSm90<256, 2, Element, /*kMod=*/true, /*kDropout=*/false, /*kSplitD=*/true>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     }
     return true;

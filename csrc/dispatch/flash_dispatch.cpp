@@ -120,20 +120,24 @@ int head_dim_tile(int d) {
 
 bool is_built(bool is_bf16, int tile) { return find(is_bf16, tile) != nullptr; }
 
-bool run_mha_fwd(FwdParams &params, cudaStream_t stream) {
+namespace {
+// Runs the built entry's plain or feature launcher (false: no such build).
+template <typename Params>
+bool run_entry(Params &params, cudaStream_t stream, Runner<Params> Entry::*plain, Runner<Params> Entry::*feat) {
     const Entry *e = find(params.is_bf16, params.head_dim_tile);
     if (e == nullptr) return false;
     g_last_error.clear();
-    (has_features(params) ? e->fwd_feat : e->fwd)(params, stream);
+    (e->*(has_features(params) ? feat : plain))(params, stream);
     return true;
+}
+}  // namespace
+
+bool run_mha_fwd(FwdParams &params, cudaStream_t stream) {
+    return run_entry(params, stream, &Entry::fwd, &Entry::fwd_feat);
 }
 
 bool run_mha_bwd(BwdParams &params, cudaStream_t stream) {
-    const Entry *e = find(params.is_bf16, params.head_dim_tile);
-    if (e == nullptr) return false;
-    g_last_error.clear();
-    (has_features(params) ? e->bwd_feat : e->bwd)(params, stream);
-    return true;
+    return run_entry(params, stream, &Entry::bwd, &Entry::bwd_feat);
 }
 
 // ---- split-KV forward (its own instantiations: flash_fwd_split_hdim*_*.cu) ----

@@ -16,15 +16,10 @@ template <typename Element, int kHeadDim>
 void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream) {
     static_assert(kHasSm90Decode<kHeadDim>);
     using Traits = DecodeKernelTraitsSm90<kHeadDim, Element>;
-    constexpr int smem_size = Traits::kSmemSize;
     const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
     auto kernel = mod ? &flash_fwd_decode_kernel_sm90<Traits, true> : &flash_fwd_decode_kernel_sm90<Traits, false>;
-    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
-    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-    launch_splitkv_combine<Element, kHeadDim>(params, stream);
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemSize));
+    launch_splitkv_grid<Traits>(kernel, params, stream);
 }
 
 }  // namespace flash

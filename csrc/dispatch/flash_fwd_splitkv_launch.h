@@ -21,8 +21,41 @@ template <typename Element, int kHeadDim>
 void run_mha_fwd_decode_sm90(FwdParams &params, cudaStream_t stream);
 #endif
 
+// A split-KV kernel over the grid (b * h_k, blocks of Traits::kBlockM packed rows, splits), then
+// the combine step (launch_splitkv_combine).
+template <typename Traits, typename Kernel>
+void launch_splitkv_grid(Kernel kernel, FwdParams &params, cudaStream_t stream) {
+    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
+    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemSize, stream>>>(params);
+    FLASH_CHECK_LAUNCH();
+    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
+}
+
 template <typename Traits>
-void launch_splitkv(FwdParams &params, cudaStream_t stream);
+void launch_splitkv(FwdParams &params, cudaStream_t stream) {
+    constexpr int smem_size = Traits::kSmemSize;
+    // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
+    const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
+    auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
+    if constexpr (Traits::kNWarps == 8) {
+        // The wide shape's plain kernel skips the rescale of rows whose max did not move.
+        if (!mod) kernel = &flash_fwd_splitkv_kernel<Traits, false, /*kSkipRescale=*/true>;
+    }
+    if (smem_size >= 48 * 1024) {
+        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
+    }
+    launch_splitkv_grid<Traits>(kernel, params, stream);
+}
+
+// The CTA-schedule kernel (the caller has checked: d = 128, no softcap / ALiBi; a block table only
+// with kPaged).
+template <typename Traits, bool kPaged = false>
+void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
+    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged>;
+    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemSize));
+    launch_splitkv_grid<Traits>(kernel, params, stream);
+}
 
 template <typename Element, int kHeadDim>
 void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
@@ -59,28 +92,6 @@ void run_mha_fwd_splitkv_(FwdParams &params, cudaStream_t stream) {
         }
     }
     launch_splitkv<SplitKVKernelTraits<kHeadDim, Element>>(params, stream);
-}
-
-template <typename Traits>
-void launch_splitkv(FwdParams &params, cudaStream_t stream) {
-    using Element = typename Traits::Element;
-    constexpr int kHeadDim = Traits::kHeadDim;
-    constexpr int smem_size = Traits::kSmemSize;
-    // Softcap / ALiBi: the kMod variant; the plain kernel is unchanged without them.
-    const bool mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
-    auto kernel = mod ? &flash_fwd_splitkv_kernel<Traits, true> : &flash_fwd_splitkv_kernel<Traits, false>;
-    if constexpr (Traits::kNWarps == 8) {
-        // The wide shape's plain kernel skips the rescale of rows whose max did not move.
-        if (!mod) kernel = &flash_fwd_splitkv_kernel<Traits, false, /*kSkipRescale=*/true>;
-    }
-    if (smem_size >= 48 * 1024) {
-        FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    }
-    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
-    kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
-    FLASH_CHECK_LAUNCH();
-    launch_splitkv_combine<Element, kHeadDim>(params, stream);
 }
 
 }  // namespace flash

@@ -110,14 +110,12 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
     const index_t q_base = binfo.q_offset(params.q_batch_stride, params.q_row_stride, bidb) + bidh * params.q_head_stride;
     const index_t do_base = binfo.q_offset(params.do_batch_stride, params.do_row_stride, bidb) + bidh * params.do_head_stride;
     auto gQ_at = [&](int m_block) {
-        return make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.q_ptr) + q_base +
-                                         index_t(m_block) * kBlockM * params.q_row_stride),
-                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.q_row_stride, _1{}));
+        return block_rows_gmem<kBlockM, kHeadDim>(reinterpret_cast<Element *>(params.q_ptr), q_base, m_block,
+                                                  params.q_row_stride);
     };
     auto gdO_at = [&](int m_block) {
-        return make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.do_ptr) + do_base +
-                                         index_t(m_block) * kBlockM * params.do_row_stride),
-                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.do_row_stride, _1{}));
+        return block_rows_gmem<kBlockM, kHeadDim>(reinterpret_cast<Element *>(params.do_ptr), do_base, m_block,
+                                                  params.do_row_stride);
     };
     Tensor gK = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.k_ptr) +
                                           binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) +

@@ -91,14 +91,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     const index_t k_base = binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) + bidh_k * params.k_head_stride;
     const index_t v_base = binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) + bidh_k * params.v_head_stride;
     auto gK_at = [&](int n_block) {
-        return make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.k_ptr) + k_base +
-                                         index_t(n_block) * kBlockN * params.k_row_stride),
-                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.k_row_stride, _1{}));
+        return block_rows_gmem<kBlockN, kHeadDim>(reinterpret_cast<Element *>(params.k_ptr), k_base, n_block,
+                                                  params.k_row_stride);
     };
     auto gV_at = [&](int n_block) {
-        return make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.v_ptr) + v_base +
-                                         index_t(n_block) * kBlockN * params.v_row_stride),
-                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.v_row_stride, _1{}));
+        return block_rows_gmem<kBlockN, kHeadDim>(reinterpret_cast<Element *>(params.v_ptr), v_base, n_block,
+                                                  params.v_row_stride);
     };
 
     Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element *>(smem)), typename Traits::SmemLayoutQ{});

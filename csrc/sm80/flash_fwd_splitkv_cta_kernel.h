@@ -18,23 +18,15 @@
 // at the end (splitkv_merge_and_store), as in the wide kernel; the splits are whole CTA tiles.
 #pragma once
 
-#include <cute/arch/cluster_sm90.hpp>
 #include <cute/tensor.hpp>
 
 #include "common/block_info.h"
 #include "common/flash.h"
 #include "common/splitkv_merge.h"
-#include "common/splitkv_combine.h"
 #include "sm80/flash_fwd_splitkv_kernel.h"
 #include "common/kernel_traits.h"
-#include "common/launch_check.h"
 #include "common/softmax.h"
 #include "common/utils.h"
-#ifdef FLASH_ATTN_SM90A
-#include <cutlass/arch/barrier.h>
-
-#include "sm90/splitkv_cta_tma_sm90.h"
-#endif
 
 namespace flash {
 
@@ -66,48 +58,16 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
-// kPaged (BwdParams::decode_paged_cta): K / V
-// rows through params.block_table, for power-of-two pages without cache_leftpad (the binding
-// checks): a thread's rows of a tile come in 16-row chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the
-// thread kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not
-// a division per row. (Earlier first paged form, a division and an entry per row, was 14-22%
-// slower than the sm_90a kernel: with one warp per scheduler the copy-issue instructions are on
-// the critical path.)
-// kClusterSync > 0 (measured no faster; not dispatched): the CTAs of one (batch, m block, split)
-// over all KV heads run as one thread-block cluster (launch_splitkv_cta) and meet at a cluster
-// barrier every kClusterSync tiles (arrive, then wait kClusterSync / 2 tiles later), so that they
-// read the 256-byte slices of the same K / V rows (b, s, :, :) at about the same time: a test of
-// whether DRAM row locality across heads is what cuDNN's 0.5% more of peak comes from.
-// kTma (measured no faster; not dispatched; sm_90a): K / V tiles as TMA copies issued by one
-// thread, completed on per-stage mbarriers (sm90/splitkv_cta_tma_sm90.h); the kernel argument
-// then carries the TMA descriptors next to the FwdParams.
-template <typename Traits, bool kTma>
-struct SplitKVCtaArg {
-    using type = FwdParams;
-    using LayoutKV = typename Traits::WarpTraits::SmemLayoutKV;
-    using LayoutVt = typename Traits::WarpTraits::SmemLayoutVt;
-    using LayoutVtNoSwizzle = typename Traits::WarpTraits::SmemLayoutVtNoSwizzle;
-};
-#ifdef FLASH_ATTN_SM90A
-template <typename Traits>
-struct SplitKVCtaArg<Traits, true> {
-    using Tma = SplitKVCtaTma<Traits>;
-    using type = typename Tma::Params;
-    using LayoutKV = typename Tma::SmemLayoutKV;
-    using LayoutVt = typename Tma::SmemLayoutVt;
-    using LayoutVtNoSwizzle = typename Tma::SmemLayoutVtNoSwizzle;
-};
-#endif
-__forceinline__ __device__ FwdParams const &splitkv_cta_params(FwdParams const &params) { return params; }
-template <typename KernelArg>
-__forceinline__ __device__ FwdParams const &splitkv_cta_params(KernelArg const &arg) { return arg.p; }
-
-template <typename Traits, bool kPaged = false, int kClusterSync = 0, bool kTma = false>
+// kPaged (FwdParams::decode_paged_cta): K / V rows through params.block_table, for power-of-two
+// pages without cache_leftpad (the binding checks): a thread's rows of a tile come in 16-row
+// chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the thread
+// kBlockN / 16 block-table entries (loaded one tile ahead into registers) and shifts, not a
+// division per row. (A division and an entry per row measured 14-22% slower than the sm_90a
+// kernel: with one warp per scheduler the copy-issue instructions are on the critical path.)
+template <typename Traits, bool kPaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
-    flash_fwd_splitkv_cta_kernel(const __grid_constant__ typename SplitKVCtaArg<Traits, kTma>::type kernel_arg) {
-    FwdParams const &params = splitkv_cta_params(kernel_arg);
+    flash_fwd_splitkv_cta_kernel(const __grid_constant__ FwdParams params) {
     pdl_launch_dependents();  // the combine kernel may be scheduled once every CTA has started
-    using Arg = SplitKVCtaArg<Traits, kTma>;
     using Element = typename Traits::Element;
     using WT = typename Traits::WarpTraits;
     using TiledMma = typename WT::TiledMma;
@@ -123,23 +83,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
     constexpr int kRowsPerPass = kNThreads / kChunksPerRow;  // rows of a tile one pass of the CTA loads
     static_assert(kBlockN % kRowsPerPass == 0);
-    static_assert(!kTma || (kTogether && !kPaged && kClusterSync == 0), "TMA: the default variant's schedule only");
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
-    const int m_block = blockIdx.y, split = blockIdx.z;
-    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
-    const int g = params.h_h_k_ratio;
-
-    const BlockInfo binfo(params, bidb);
-    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
-    const int packed_rows = seqlen_q * g;
-    const int p0 = m_block * kBlockM;
-    if (p0 >= packed_rows) return;
-    const int diag = seqlen_k - seqlen_q;
+    const SplitKVBlock<kBlockM> blk(params);
+    if (blk.empty()) return;
+    const BlockInfo &binfo = blk.binfo;
+    const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
     // Keys this row block can see, in whole CTA tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN>(params, blk);
     const int s_begin = tiles.begin, n_tiles = max(0, tiles.end - tiles.begin);
 
     // ---- shared memory: Q | K ring (kStages x 4 warp sub-tiles) | V ring ----
@@ -149,10 +102,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename WT::SmemLayoutQ{});
     auto sub_tile = [&](Element *ring, int stage, int w) {
         return make_tensor(make_smem_ptr(ring + (stage * kNWarps + w) * Traits::kSubTileElems),
-                           typename Arg::LayoutKV{});
+                           typename WT::SmemLayoutKV{});
     };
 
-    splitkv_load_q<kBlockM, kHeadDim, kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k, tidx);
+    splitkv_load_q<kHeadDim, kNThreads, Element>(params, blk, sQ, tidx);
     cp_async_fence();
 
     // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
@@ -220,54 +173,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     if constexpr (kPaged) { load_pages(0); }
 
-    // kTma: full barrier of each stage (after the V ring), armed by thread 0 with the tile's bytes.
-    [[maybe_unused]] uint64_t *full_bar = reinterpret_cast<uint64_t *>(smem + Traits::kSmemSize);
-#ifdef FLASH_ATTN_SM90A
-    using TmaBarrier = cutlass::arch::ClusterTransactionBarrier;
-    if constexpr (kTma) {
-        if (tidx == 0) {
-            CUTE_UNROLL
-            for (int s = 0; s < kStages; ++s) { TmaBarrier::init(&full_bar[s], 1); }
-            cutlass::arch::fence_barrier_init();
-        }
-    }
-#endif
-    // kTma: tile it's K and V sub-tiles (one TMA copy per warp's (kBlockNw, d) piece) by thread 0.
-    auto issue_tma = [&]([[maybe_unused]] int it) {
-#ifdef FLASH_ATTN_SM90A
-        if constexpr (kTma) {
-            if (tidx != 0) return;
-            using Tma = typename Arg::Tma;
-            const int stage = it % kStages;
-            TmaBarrier::arrive_and_expect_tx(&full_bar[stage], Tma::kTileBytes);
-            auto rows = [&](auto const &tma, Element *ring) {  // (TMA, 16-row tile) and (TMA, sub-tile) views
-                Tensor m = tma.get_tma_tensor(kernel_arg.shape_k)(_, _, bidh_k, binfo.bidb_k);
-                Tensor gm = local_tile(domain_offset(make_coord(binfo.leftpad_k, _0{}), m),
-                                       Shape<Int<kBlockNw>, Int<kHeadDim>>{}, make_coord(_, _0{}));
-                Tensor sm = make_tensor(make_smem_ptr(ring), typename Tma::SmemLayoutRing{});
-                return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sm), group_modes<0, 2>(gm));
-            };
-            auto [tKgK, tKsK] = rows(kernel_arg.tma_k, smem_k);
-            auto [tVgV, tVsV] = rows(kernel_arg.tma_v, smem_v);
-            CUTE_UNROLL
-            for (int w = 0; w < kNWarps; ++w) {
-                const int src = (s_begin + it) * kNWarps + w, dst = stage * kNWarps + w;
-                copy(kernel_arg.tma_k.with(full_bar[stage]), tKgK(_, src), tKsK(_, dst));
-                copy(kernel_arg.tma_v.with(full_bar[stage]), tVgV(_, src), tVsV(_, dst));
-            }
-        }
-#endif
-    };
-
     // cp.async groups: Q, K(0), V(0), ..., K(S - 1); then per iteration it: V(it + S - 1), K(it + S)
     // (empty groups past the last tile keep the counts uniform). kTogether: Q, tiles 0 .. S - 2; then
     // per iteration tile it + S - 1 (K and V in one group).
-    constexpr int kGroupsAfterQ = kTma ? 0 : kTogether ? kStages - 1 : 2 * kStages - 1;
+    constexpr int kGroupsAfterQ = kTogether ? kStages - 1 : 2 * kStages - 1;
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
-        if constexpr (kTma) {
-            if (s < kStages - 1 && s < n_tiles) { issue_tma(s); }
-        } else if constexpr (kTogether) {
+        if constexpr (kTogether) {
             if (s < kStages - 1) {
                 if (s < n_tiles) { load_k(s); load_v(s); }
                 cp_async_fence();
@@ -292,15 +204,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     static_assert(kNRows == 2);
     int row_q[kNRows];
     [[maybe_unused]] float alibi_slope[kNRows];
-    splitkv_row_state<false>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    splitkv_row_state<false>(params, coords_s_rc, blk, row_q, alibi_slope);
     const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
 
     OnlineSoftmax<kNRows> softmax;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+    softmax.reset();
 
     Tensor sK0 = sub_tile(smem_k, 0, 0);
-    Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename Arg::LayoutVtNoSwizzle{});
+    Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename WT::SmemLayoutVtNoSwizzle{});
     Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
     Tensor tSrK = thr_mma.partition_fragment_B(sK0);
     Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle0);
@@ -324,40 +235,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // top: every warp is past P V of tile it - 1, whose V buffer (kTogether: K and V buffers)
         // takes tile it + S - 1.
         __syncthreads();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if constexpr (kClusterSync > 0) {  // every CTA of the cluster has the same n_tiles
-            if (it % kClusterSync == 0) { cute::cluster_arrive_relaxed(); }
-            if (it % kClusterSync == kClusterSync / 2) { cute::cluster_wait(); }
+        if (it + kStages - 1 < n_tiles) {
+            if constexpr (kTogether) { load_k(it + kStages - 1); }
+            load_v(it + kStages - 1);
         }
-#endif
-        if constexpr (kTma) {
-            if (it + kStages - 1 < n_tiles) { issue_tma(it + kStages - 1); }
-#ifdef FLASH_ATTN_SM90A
-            // A: tile it landed (every thread waits on the stage's barrier itself). Rows past the
-            // sequence inside the cache hold whatever is there: zero V's (masked P is 0, not NaN).
-            TmaBarrier::wait(&full_bar[stage], (it / kStages) & 1);
-            const int tile0 = (s_begin + it) * kBlockN;
-            if (tile0 + kBlockN > seqlen_k) {  // the sequence's last tile (CTA-uniform)
-                const int valid = max(0, seqlen_k - tile0);
-                for (int i = tidx; i < (kBlockN - valid) * kChunksPerRow; i += kNThreads) {
-                    const int r = valid + i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
-                    Tensor sv = sub_tile(smem_v, stage, r / kBlockNw);
-                    *reinterpret_cast<uint4 *>(&sv(r % kBlockNw, c)) = make_uint4(0, 0, 0, 0);
-                }
-                __syncthreads();
-            }
-#endif
-        } else {
-            if (it + kStages - 1 < n_tiles) {
-                if constexpr (kTogether) { load_k(it + kStages - 1); }
-                load_v(it + kStages - 1);
-            }
-            cp_async_fence();
-            // A: K(it) landed (after it: V(it), K / V of it + 1 .. it + S - 1 -> 2 S - 1 groups;
-            // kTogether: tile it landed, S - 1 groups after it).
-            cp_async_wait<kGroupsAfterQ>();
-            __syncthreads();
-        }
+        cp_async_fence();
+        // A: K(it) landed (after it: V(it), K / V of it + 1 .. it + S - 1 -> 2 S - 1 groups;
+        // kTogether: tile it landed, S - 1 groups after it).
+        cp_async_wait<kGroupsAfterQ>();
+        __syncthreads();
         Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
         clear(acc_s);
         gemm_rs(acc_s, tSrQ, tSrK, thr_smem_copy_K.partition_S(sub_tile(smem_k, stage, warp)), tiled_mma, smem_copy_K,
@@ -376,67 +262,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (it + kStages < n_tiles) load_k(it + kStages);
             cp_async_fence();
         }
-        Tensor sVt = make_tensor(sub_tile(smem_v, stage, warp).data(), typename Arg::LayoutVt{});
+        Tensor sVt = make_tensor(sub_tile(smem_v, stage, warp).data(), typename WT::SmemLayoutVt{});
         gemm_rs(acc_o, tOrP, tOrVt, thr_smem_copy_V.partition_S(sVt), tiled_mma, smem_copy_V, thr_smem_copy_V);
     }
     cp_async_wait<0>();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kClusterSync > 0) {  // the last arrive's wait, if the loop ended between them
-        if (n_tiles > 0 && (n_tiles - 1) % kClusterSync < kClusterSync / 2) { cute::cluster_wait(); }
-    }
-#endif
 
     __syncthreads();  // all warps are done with their K / V buffers: the merge reuses them
-    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, kNThreads, Element>(
-        params, binfo, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
-        split);
+    splitkv_merge_and_store<kNWarps, kHeadDim, kNThreads, Element>(
+        params, blk, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx);
 }
-
-// Launch (the caller has checked: d = 128, no softcap / ALiBi; a block table only with kPaged).
-// kClusterSync > 0: clusters of the h_k CTAs of a (batch, m block, split) (h_k must be 2, 4 or 8).
-template <typename Traits, bool kPaged = false, int kClusterSync = 0>
-void launch_splitkv_cta(FwdParams &params, cudaStream_t stream) {
-    constexpr int smem_size = Traits::kSmemSize;
-    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, kPaged, kClusterSync>;
-    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
-    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
-    if constexpr (kClusterSync > 0) {
-        cudaLaunchConfig_t config{};
-        config.gridDim = grid;
-        config.blockDim = dim3(Traits::kNThreads);
-        config.dynamicSmemBytes = smem_size;
-        config.stream = stream;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = params.h_k;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        config.attrs = attr;
-        config.numAttrs = 1;
-        FLASH_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-    } else {
-        kernel<<<grid, Traits::kNThreads, smem_size, stream>>>(params);
-    }
-    FLASH_CHECK_LAUNCH();
-    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
-}
-
-#ifdef FLASH_ATTN_SM90A
-// The kTma form (the caller has checked SplitKVCtaTma<Traits>::supported and a dense cache).
-template <typename Traits>
-void launch_splitkv_cta_tma(FwdParams &params, cudaStream_t stream) {
-    using Tma = SplitKVCtaTma<Traits>;
-    FLASH_BIND_CONTEXT();
-    const typename Tma::Params kp = Tma::make_params(params);
-    auto kernel = &flash_fwd_splitkv_cta_kernel<Traits, false, 0, true>;
-    FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tma::kSmemSize));
-    const int num_m_blocks = ceil_div(params.seqlen_q * params.h_h_k_ratio, Traits::kBlockM);
-    const dim3 grid(params.b * params.h_k, num_m_blocks, params.num_splits);
-    kernel<<<grid, Traits::kNThreads, Tma::kSmemSize, stream>>>(kp);
-    FLASH_CHECK_LAUNCH();
-    launch_splitkv_combine<typename Traits::Element, Traits::kHeadDim>(params, stream);
-}
-#endif
 
 }  // namespace flash

@@ -76,14 +76,7 @@ static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideS
 // the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
 // so the results are bitwise those of the default.
-// kL2Prefetch (measured no faster; not dispatched): K/V loads with the L2 256-byte prefetch hint.
-// kPipelineS (0.3-1.4% slower; not dispatched; kStages >= 3): a warp issues the S = Q K^T MMAs of
-// its next tile before the softmax and P V of the current one, so that the tensor-core latency
-// of S overlaps the softmax's shuffles and exps instead of adding to each tile's chain (the per-
-// tile latency limits a warp here). The cost: the next tile must have landed one iteration
-// earlier, so one tile fewer of the ring is in flight. Bitwise the same results.
-template <typename Traits, bool kMod = false, bool kSkipRescale = false, bool kL2Prefetch = false,
-          bool kPipelineS = false>
+template <typename Traits, bool kMod = false, bool kSkipRescale = false>
 __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(const __grid_constant__ FwdParams params) {
     pdl_launch_dependents();  // the combine kernel may be scheduled once every CTA has started
     using Element = typename Traits::Element;
@@ -102,19 +95,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
     // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
-    const int m_block = blockIdx.y, split = blockIdx.z;
-    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
-    const int g = params.h_h_k_ratio;
-
-    const BlockInfo binfo(params, bidb);
-    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
-    const int packed_rows = seqlen_q * g;
-    const int p0 = m_block * kBlockM;
-    if (p0 >= packed_rows) return;
-    const int diag = seqlen_k - seqlen_q;
+    const SplitKVBlock<kBlockM> blk(params);
+    if (blk.empty()) return;
+    const BlockInfo &binfo = blk.binfo;
+    const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
     // Keys this row block can see, in whole warp tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw>(params, blk);
     const int s_begin = tiles.begin, s_end = tiles.end;
 
     // ---- shared memory ----
@@ -130,8 +117,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                            typename WT::SmemLayoutKV{});
     };
 
-    splitkv_load_q<kBlockM, kHeadDim, Traits::kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k,
-                                                                  tidx);
+    splitkv_load_q<kHeadDim, Traits::kNThreads, Element>(params, blk, sQ, tidx);
     cp_async_fence();
 
     // ---- K/V rows: dense (batch stride, leftpad, kv_batch_idx, varlen offset) or paged ----
@@ -176,8 +162,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
                 k_off = k_dense + index_t(key) * params.k_row_stride;
                 v_off = v_dense + index_t(key) * params.v_row_stride;
             }
-            cp_async_16_zfill<kL2Prefetch>(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
-            cp_async_16_zfill<kL2Prefetch>(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
+            cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
+            cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
         }
         if (paged_chunks) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
     };
@@ -203,12 +189,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     // Query index (-1 past the end) and, with kMod, ALiBi slope of this thread's rows.
     int row_q[kNRows];
     [[maybe_unused]] float alibi_slope[kNRows];
-    splitkv_row_state<kMod>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    splitkv_row_state<kMod>(params, coords_s_rc, blk, row_q, alibi_slope);
     const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
 
     OnlineSoftmax<kNRows> softmax;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+    softmax.reset();
 
     Tensor sK0 = sK_at(0);
     Tensor sVt0 = make_tensor(sK0.data(), typename WT::SmemLayoutVt{});
@@ -231,20 +216,30 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
     }
 
-    // S = Q K^T of the tile in `stage` into acc_s.
-    auto gemm_s = [&](auto &acc_s, int stage) {
-        Tensor tSsK = thr_smem_copy_K.partition_S(sK_at(stage));
+    for (int it = 0; it < my_count; ++it) {
+        const int stage = it % kStages;
+        const int tile = my_first + it * kNWarps;
+        // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
+        // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
+        if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
+        cp_async_fence();
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+
+        Tensor sK = sK_at(stage);
+        Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
+        Tensor tSsK = thr_smem_copy_K.partition_S(sK);
+        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
+
+        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
         clear(acc_s);
         if constexpr (Traits::kQInRegs) {
             gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
         } else {
-            gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
+            gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
+                    thr_smem_copy_K);
         }
-    };
-    // Masks, online softmax and O += P V of `tile` (its V in `stage`).
-    auto softmax_pv = [&](auto &acc_s, int stage, int tile) {
-        Tensor sVt = make_tensor(sK_at(stage).data() + kTileElems, typename WT::SmemLayoutVt{});
-        Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
+
         splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
                                              needs_row_mask, params);
         if constexpr (kSkipRescale) {
@@ -256,81 +251,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         Tensor rP = convert_type<Element>(acc_s);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
-    };
-
-    if constexpr (!kPipelineS) {
-        // (The loop as before kPipelineS, written out: through gemm_s / softmax_pv its SASS moved.)
-        for (int it = 0; it < my_count; ++it) {
-            const int stage = it % kStages;
-            const int tile = my_first + it * kNWarps;
-            // Keep kStages - 1 tiles in flight: issue tile it + kStages - 1 into the buffer that
-            // tile it - 1 used (every lane finished it before the __syncwarp at the end of it - 1).
-            if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
-            cp_async_fence();
-            cp_async_wait<kStages - 1>();
-            __syncwarp();
-
-            Tensor sK = sK_at(stage);
-            Tensor sVt = make_tensor(sK.data() + kTileElems, typename WT::SmemLayoutVt{});
-            Tensor tSsK = thr_smem_copy_K.partition_S(sK);
-            Tensor tOsVt = thr_smem_copy_V.partition_S(sVt);
-
-            Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
-            clear(acc_s);
-            if constexpr (Traits::kQInRegs) {
-                gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
-            } else {
-                gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
-                        thr_smem_copy_K);
-            }
-
-            splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k,
-                                                 diag, needs_row_mask, params);
-            if constexpr (kSkipRescale) {
-                splitkv_softmax_update_skip_rescale(softmax, acc_s, acc_o, params.scale_softmax_log2);
-            } else {
-                softmax.template update</*kFirst=*/false>(acc_s, acc_o, params.scale_softmax_log2);
-            }
-
-            Tensor rP = convert_type<Element>(acc_s);
-            Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
-            gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_copy_V, thr_smem_copy_V);
-            __syncwarp();  // every lane is done with this stage's buffers before they are refilled
-        }
-    } else {
-        static_assert(kStages >= 3, "tiles it - 1 (refilled), it (V) and it + 1 (K) in distinct buffers");
-        // cp.async groups so far: Q, then tiles 0 .. kStages - 2 (one group each, empty past
-        // my_count). S of tile 0 needs group 1: all but the last kStages - 2 groups complete.
-        Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
-        if (my_count > 0) {
-            cp_async_wait<kStages - 2>();
-            __syncwarp();
-            gemm_s(acc_s, 0);
-        }
-        for (int it = 0; it < my_count; ++it) {
-            const int stage = it % kStages;
-            const int tile = my_first + it * kNWarps;
-            // Tile it + kStages - 1 into the buffer of tile it - 1 (its V was read in iteration
-            // it - 1, its K in it - 2, both before that iteration's closing __syncwarp).
-            if (it + kStages - 1 < my_count) load_tile(my_first + (it + kStages - 1) * kNWarps, (it + kStages - 1) % kStages);
-            cp_async_fence();
-            cp_async_wait<kStages - 2>();  // tile it + 1 landed (group it + 2)
-            __syncwarp();
-
-            Tensor acc_s_next = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
-            if (it + 1 < my_count) { gemm_s(acc_s_next, (it + 1) % kStages); }
-            softmax_pv(acc_s, stage, tile);
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_s); ++i) { acc_s(i) = acc_s_next(i); }
-            __syncwarp();  // every lane is done with tile it's buffers before they are refilled
-        }
+        __syncwarp();  // every lane is done with this stage's buffers before they are refilled
     }
     cp_async_wait<0>();
 
     __syncthreads();  // all warps are done with their K/V buffers: the merge reuses them
-    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, Traits::kNThreads, Element>(
-        params, binfo, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
-        split);
+    splitkv_merge_and_store<kNWarps, kHeadDim, Traits::kNThreads, Element>(
+        params, blk, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx);
 }
 
 }  // namespace flash

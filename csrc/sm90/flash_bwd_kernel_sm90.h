@@ -73,19 +73,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     clear(acc_dk);
     clear(acc_dv);
 
-    auto store_dk_dv = [&]() {
-        __syncthreads();  // every wgmma has finished reading shared memory
-        Element *dk_ptr = reinterpret_cast<Element *>(params.dk_ptr) +
-                          binfo.k_offset(params.dk_batch_stride, params.dk_row_stride, bidb) +
-                          bidh * params.dk_head_stride + index_t(col0) * params.dk_row_stride;
-        Element *dv_ptr = reinterpret_cast<Element *>(params.dv_ptr) +
-                          binfo.k_offset(params.dv_batch_stride, params.dv_row_stride, bidb) +
-                          bidh * params.dv_head_stride + index_t(col0) * params.dv_row_stride;
-        constexpr int kdKVBytes = cosize(typename Traits::SmemLayoutdKV{}) * sizeof(Element);
-        store_tile<Traits, typename Traits::TiledMmadKV>(acc_dk, smem, typename Traits::SmemLayoutdKV{}, dk_ptr,
-                                                         params.dk_row_stride, keys_left, params.d, tidx);
-        store_tile<Traits, typename Traits::TiledMmadKV>(acc_dv, smem + kdKVBytes, typename Traits::SmemLayoutdKV{},
-                                                         dv_ptr, params.dv_row_stride, keys_left, params.d, tidx);
+    auto store_dk_dv = [&]() {  // after every wgmma has finished reading shared memory (the barrier)
+        flash::store_dk_dv<Traits>(params, binfo, acc_dk, acc_dv, smem, bidb, bidh, col0, keys_left, tidx);
     };
     if (m_block_max <= m_block_min) {  // no query sees these keys: dK = dV = 0
         store_dk_dv();
@@ -183,14 +172,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
 
     // ---- prologue: K and V once, then the first query block ----
     {
-        Tensor gK = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.k_ptr) +
-                                              binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb) +
-                                              bidh_k * params.k_head_stride + index_t(col0) * params.k_row_stride),
-                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.k_row_stride, _1{}));
-        Tensor gV = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.v_ptr) +
-                                              binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb) +
-                                              bidh_k * params.v_head_stride + index_t(col0) * params.v_row_stride),
-                                Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.v_row_stride, _1{}));
+        auto [gK, gV] = kv_block_gmem<Element, kBlockN, kHeadDim>(params, binfo, bidb, bidh_k, col0);
         Tensor tKsK = thr_gmem_copy.partition_D(sK);
         Tensor tVsV = thr_gmem_copy.partition_D(sV);
         load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
@@ -252,10 +234,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
             }
         }
         Tensor rP = make_tensor_like<Element>(acc_s);
-        {
-            Tensor converted = convert_type<Element>(acc_s);
-            cute::copy(converted, rP);
-        }
+        convert_into(acc_s, rP);
         // dV takes P * keep / (1 - p): the dropped elements are cleared here, 1 / (1 - p) is
         // applied to dV once at the end.
         if (kFeat && is_dropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags_stage, coords_st); }
@@ -280,10 +259,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
                                      [&](int i) { return lse_stage[get<1>(coords_st(i))] * kLog2e; });
         }
         Tensor rdS = make_tensor_like<Element>(acc_dp);
-        {
-            Tensor converted = convert_type<Element>(acc_dp);
-            cute::copy(converted, rdS);
-        }
+        convert_into(acc_dp, rdS);
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
                                                  tdKrQt(_, _, _, stage), acc_dk);
 

@@ -10,27 +10,22 @@
 //       all on stage s's full barrier (PipelineTmaAsync); it runs ahead until the ring is full.
 //   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block; kSplitD, head dim 256: the
 //       same 64 keys, head-dim halves of dK / dV / dQ, see BwdKernelTraitsSm90SplitD): K and V
-//       once (cp.async, zero-filled past seqlen_k, as today), then per query block
+//       once (cp.async, zero-filled past seqlen_k), then per query block
 //         wait full[s]
-//         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q   (as today)
+//         S^T = K Q^T, dP^T = V dO^T; P^T; dV += P^T dO; dS^T; dK += dS^T Q
 //         dS^T -> dS buffer (block parity); named barrier kdS over the 256 consumer threads
 //         dQ = dS K; wait all GEMMs; release stage s (empty[s], 256 arrivals)
-//         fp32 atomics of dQ into dq_accum                                        (as today)
+//         dQ tile -> shared buffer, added into dq_accum by the dQ writer warp
 //
-// Option kDqTma (always dispatched; FA3's dQ path): instead of the atomics, the consumers
-// write the block's 64 x d fp32 dQ tile, row-major as in dq_accum, into shared buffer (block
-// parity; 2 buffers), fence it for the async proxy and arrive on kdQFull[buf]; warp 1 of the
-// producer warpgroup (the dQ writer, otherwise retired) syncs on it, one lane issues a bulk
-// reduce-add (cp.reduce.async.bulk .add.f32) of the whole tile into dq_accum, waits until the
-// tile has been read (bulk async-group, .read) and arrives on kdQEmpty[buf], which the consumers
-// sync on before they refill buf two blocks later. The 16 (d128) / 8 (d64) float2 atomics per
-// consumer thread and block become one bulk operation per CTA and block, issued off the
-// consumers' critical path.
-//
-// Option kOverlap (measured no faster and not dispatched, d64): block i's dQ write-out (either form) moves
-// into iteration i + 1, right after S^T / dP^T of block i + 1 are issued, so that it runs under
-// those GEMMs instead of between block i's dQ GEMM and block i + 1's start. (Issuing S^T / dP^T
-// of i + 1 before waiting for dQ of i, as FA3 describes it, makes ptxas serialise all wgmmas.)
+// dQ (FA3's path): the consumers write the block's kBlockM x d fp32 dQ tile, row-major as in
+// dq_accum, into a shared buffer (block parity; 2 buffers), fence it for the async proxy and
+// arrive on kdQFull[buf]; warp 1 of the producer warpgroup (the dQ writer, otherwise retired)
+// syncs on it, one lane issues a bulk reduce-add (cp.reduce.async.bulk .add.f32) of the whole
+// tile into dq_accum, waits until the tile has been read (bulk async-group, .read) and arrives
+// on kdQEmpty[buf], which the consumers sync on before they refill buf two blocks later: one
+// bulk operation per CTA and block instead of 16 (d128) / 8 (d64) float2 atomics per consumer
+// thread, issued off the consumers' critical path. (kSplitD: the tile goes through the query
+// block's own Q / dO stage instead, bwd_ws_write_dq_split_d.)
 //
 // No __syncthreads after the start: the producer's warps retire early. The one cross-warpgroup
 // dependency per query block is the dS exchange (dQ needs both halves of dS); with two dS buffers
@@ -258,7 +253,7 @@ __forceinline__ __device__ float *bwd_ws_dq_writer_dst(BwdParams const &params, 
     return params.dq_accum_ptr + slice_offset + accum_row0(params, binfo, bidb, bidh) * kHeadDim;
 }
 
-// ---- dQ writer (kDqTma): warp 1 of the producer warpgroup -------------------------------------
+// ---- dQ writer (not split-d): warp 1 of the producer warpgroup ----------------------------------
 // Per query block: wait until the consumers have written the block's fp32 dQ tile to buffer
 // (block parity) and fenced it for the async proxy (kdQFull), add the tile into dq_accum with one
 // bulk reduce (lane 0), wait until the TMA unit has read it, and hand the buffer back (kdQEmpty)
@@ -313,7 +308,7 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
     }
 }
 
-// ---- split-d dQ writer (kDqStage): warp 1 of the producer warpgroup ----------------------------
+// ---- split-d dQ writer: warp 1 of the producer warpgroup -----------------------------------------
 // Head dim 256 has no room for a dQ buffer (two stages of Q / dO, K, V, P^T / dS^T: 224 KB). So a
 // query block's Q / dO stage, once every GEMM that reads it has completed, holds its fp32 dQ tile
 // (rows 0-31 over Q, 32-63 over dO, 32 KB each, 8-float groups XOR-swizzled by row % 4 so that
@@ -490,10 +485,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     const int lse_shift = bwd_ws_lse_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
     const int dsum_shift = bwd_ws_dsum_row0(params, binfo, bidb, bidh) % Traits::kRowShiftMax;
 
-    const index_t accum_row = accum_row0(params, binfo, bidb, bidh);  // dense or per-sequence padded
-    float *dq_accum_ptr = params.dq_accum_ptr + accum_row * kHeadDim;  // (atomics; kDqStage: the writer's)
-
-    // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim), as today ----
+    // ---- K and V once (cp.async, zero-filled past seqlen_k and the head dim) ----
     {
         typename Traits::GmemTiledCopyLoad gmem_copy;
         auto thr_gmem_copy = gmem_copy.get_thread_slice(tidx);
@@ -516,10 +508,8 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
 
     // ---- MMA operands ----
     typename Traits::TiledMmaSdP tiled_mma_sdp;
-    // kSplitD: each warpgroup computes the whole S^T / dP^T tile with its own 128-thread MMA (the
-    // exchange form: a 256-thread MMA, warpgroup w on queries [32 w, 32 w + 32)).
-    constexpr bool kExchange = Traits::kSplitDExchange;
-    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(Traits::kSplitD && !kExchange ? tidx % 128 : tidx);
+    // kSplitD: a 256-thread MMA, warpgroup w on queries [32 w, 32 w + 32).
+    auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
     Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);    // smem descriptors
     Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
@@ -531,9 +521,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_K, buffer)
     Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);
     Tensor tdSsdSt = thr_mma_sdp.partition_C(sdSt);  // where this thread's dS^T elements go (.., buffer)
-    // The exchange form: P^T through shared memory too; dV / dK read both from there (SS).
+    // kSplitD: P^T through shared memory too; dV / dK read both from there (SS).
     auto [tPsPt, tdVrPt, tdKrdSt] = [&]() {
-        if constexpr (kExchange) {
+        if constexpr (Traits::kSplitD) {
             Tensor sPt = make_tensor(make_smem_ptr(ss.smem_p.data()), typename Traits::SmemLayoutPt{});
             return cute::make_tuple(thr_mma_sdp.partition_C(sPt), thr_mma_dkv.partition_fragment_A(sPt),
                                     thr_mma_dkv.partition_fragment_A(sdSt));
@@ -574,10 +564,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     cutlass::arch::fence_view_async_shared();
     bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
 
-    // Adds query block dq_block's dQ tile (registers, complete) into dq_accum: fp32 atomics, or
-    // (kDqTma) through a shared buffer and the writer warp's bulk reduce.
+    // Query block dq_block's dQ tile (registers, complete) into a shared buffer, for the writer
+    // warp's bulk reduce into dq_accum (not split-d).
     auto write_out_dq = [&](auto const &dq, int dq_block) {
-        if constexpr (Traits::kDqTma) {
+        if constexpr (!Traits::kSplitD) {  // (split-d: the Q / dO stage form below)
             // dQ tile -> shared buffer (block parity), for the writer warp's bulk reduce. The
             // buffer's previous tile (block - 2) must have been read out first.
             const int block_idx = dq_block - m_block_min;
@@ -604,44 +594,9 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
             cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
                                                 static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
-        } else {
-            // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
-            Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(dq_block * kBlockM) * kHeadDim),
-                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-            Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-            if constexpr (Traits::kDqV4) {
-                // Elements 4 j + {0, 1} are (row r, columns c, c + 1), 4 j + {2, 3} (row r + 8,
-                // same columns), c = 8 j + 2 (lane % 4) (the wgmma accumulator layout). Lanes 2 k
-                // and 2 k + 1 hold columns c and c + 2: the even lane trades its row r + 8 pair for
-                // its partner's row r pair and adds 4 columns of row r from column c, the odd lane
-                // 4 columns of row r + 8 from column c - 2.
-                const bool odd = (threadIdx.x & 1) != 0;
-                CUTE_UNROLL
-                for (int j = 0; j < size(dq) / 4; ++j) {
-                    const float send0 = odd ? dq(4 * j) : dq(4 * j + 2);
-                    const float send1 = odd ? dq(4 * j + 1) : dq(4 * j + 3);
-                    const float got0 = __shfl_xor_sync(0xffffffffu, send0, 1);
-                    const float got1 = __shfl_xor_sync(0xffffffffu, send1, 1);
-                    float *dst = odd ? &tdQgdQaccum(4 * j + 2) - 2 : &tdQgdQaccum(4 * j);
-                    const float4 v = odd ? make_float4(got0, got1, dq(4 * j + 2), dq(4 * j + 3))
-                                         : make_float4(dq(4 * j), dq(4 * j + 1), got0, got1);
-                    atomicAdd(reinterpret_cast<float4 *>(dst), v);
-                }
-            } else {
-                CUTE_UNROLL
-                for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
-                    atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(dq(i), dq(i + 1)));
-                }
-            }
         }
     };
 
-    // kOverlap: the dQ tile of block i is written out in iteration i + 1, right after S^T and
-    // dP^T of block i + 1 are issued, so the atomics (or the shared-memory stores) run while the
-    // tensor cores compute them, instead of between the dQ GEMM and the next block's start.
-    // acc_dq then lives across iterations (complete values: no wgmma is in flight across the
-    // loop's back edge, which would make ptxas serialise every wgmma of the kernel).
-    Tensor acc_dq_carried = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     typename Traits::PipelineState state;  // consumer start: stage 0, phase 0
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int row0 = m_block * kBlockM;
@@ -659,9 +614,6 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             // Block m + 1's flags while S^T / dP^T run (see make_drop_flags).
             if (m_block + 1 < m_block_max) { make_drop_flags(m_block + 1); }
         }
-        if constexpr (Traits::kOverlap) {
-            if (m_block > m_block_min) { write_out_dq(acc_dq_carried, m_block - 1); }
-        }
 
         // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
         Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
@@ -674,7 +626,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         // d128: ~5% of the stall samples at the LSE, ~3% at softmax_d). The score-modifier /
         // dropout kernels spill with it (24 / 68 bytes), and the d64 kernel (32 columns per
         // thread: 300 bytes), so they read in place. The d256 split-d kernels took it without
-        // spills but were no faster (causal 2% slower; branch s21-d256-prefetch).
+        // spills but were no faster (causal 2% slower).
         // Past the sequence the LSE box holds another row's value (or the TMA's zero fill):
         // read 0 there, so that the masked -inf stays a clean 0 (never -inf - -inf).
         constexpr int kQueryCols = decltype(size<1>(scores))::value;
@@ -724,13 +676,13 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             CUTE_UNROLL
             for (int ni = 0; ni < kQueryCols; ++ni) { dsum_cols[ni] = dsum_stage[get<1>(coords_st_rc(0, ni))]; }
         }
-        if constexpr (!kExchange) {
+        if constexpr (!Traits::kSplitD) {
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                      tdVrdOt(_, _, _, stage), acc_dv);
         }
 
         // dS^T = P^T * (dP^T - softmax_d); with dropout, dP^T of the kept elements / (1 - p).
-        if constexpr (kExchange) {
+        if constexpr (Traits::kSplitD) {
             warpgroup_wait<0>();  // dP^T ready (no dV in flight: it waits for the exchange)
         } else {
             warpgroup_wait<1>();  // dP^T ready (dV may still run)
@@ -766,15 +718,13 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             Tensor converted = convert_type<Element>(acc_dp);
             cute::copy(converted, rdS);
         }
-        if constexpr (!kExchange) {
+        if constexpr (!Traits::kSplitD) {
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
                                                      tdKrQt(_, _, _, stage), acc_dk);
         }
 
         // dQ = dS K over the whole key block: dS^T of both warpgroups through shared memory.
-        // kSplitD: both warpgroups hold the whole dS^T; each writes the 32 keys of two of its warps
-        // (warp i of a warpgroup holds accumulator rows 16 i .. 16 i + 15).
-        // (The exchange form: each warpgroup writes its 32 queries of dS^T and of P^T.)
+        // kSplitD: each warpgroup writes its 32 queries of dS^T and of P^T.
         if constexpr (!Traits::kSplitD) {
             // stmatrix: four 8 x 8 tiles per instruction, each tile row 8 queries = 16 contiguous
             // bytes of the MN-major dS buffer (FA3's SM90_U32x4_STSM_N for a transposed S / dP with
@@ -785,11 +735,11 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             auto r2s_thr_copy_ds = r2s_copy_ds.get_thread_slice(tidx);
             Tensor tdSsdSt_stsm = r2s_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, buffer)
             cute::copy(r2s_copy_ds, r2s_thr_copy_ds.retile_S(rdS), tdSsdSt_stsm(_, _, _, ds_buf));
-        } else if (kExchange || (tidx % 128) / 64 == tidx / 128) {
+        } else {
             Tensor tdSsdSt_buf = tdSsdSt(_, _, _, ds_buf);
             cute::copy(rdS, tdSsdSt_buf);
         }
-        if constexpr (kExchange) {
+        if constexpr (Traits::kSplitD) {
             if constexpr (Traits::kPBuffers == 1) {
                 // One P^T buffer (dropout): the previous block's dV GEMMs, in both warpgroups,
                 // have read it (each waited for all its GEMMs before leaving that block).
@@ -800,7 +750,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
         cutlass::arch::fence_view_async_shared();
         bwd_ws_consumer_sync(BwdWsBarrier::kdS);
-        if constexpr (kExchange) {
+        if constexpr (Traits::kSplitD) {
             // dV += P^T dO and dK += dS^T Q over this warpgroup's head-dim half, both 64 queries.
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdVrPt(_, _, _, Traits::kPBuffers == 1 ? 0 : ds_buf),
                                                      tdVrdOt(_, _, _, stage), acc_dv);
@@ -820,7 +770,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         }
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
-        if constexpr (Traits::kDqStage) {
+        if constexpr (Traits::kSplitD) {
             // The dQ tile goes into this block's Q / dO stage once both warpgroups' GEMMs have
             // read it; the writer warp adds it (in order, if deterministic) and releases the
             // stage (bwd_ws_write_dq_split_d).
@@ -845,26 +795,15 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
                                                 static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + stage);
             ++state;
-            continue;
-        }
-        // Every GEMM of this block has completed: Q, dO, LSE and softmax_d of the stage are free
-        // for the producer's next load while the atomics below run.
-        pipeline.consumer_release(state);
-        ++state;
-
-        if constexpr (Traits::kOverlap) {
-            // This block's tile leaves at the next block's start (or after the loop). Carried
-            // through an add of 0 (not a move, which ptxas would coalesce): registers written by
-            // a wgmma and read in a later iteration make ptxas wait for all wgmmas in flight
-            // there (C7517), i.e. for the S^T / dP^T this option means to overlap.
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_dq); ++i) { acc_dq_carried(i) = __fadd_rn(acc_dq(i), 0.f); }
         } else {
+            // Every GEMM of this block has completed: Q, dO, LSE and softmax_d of the stage are
+            // free for the producer's next load while the dQ tile is written out.
+            pipeline.consumer_release(state);
+            ++state;
             write_out_dq(acc_dq, m_block);
         }
     }
-    if constexpr (Traits::kOverlap) { write_out_dq(acc_dq_carried, m_block_max - 1); }
-    if constexpr (Traits::kDqStage) {  // the writer has read the last dQ tile out of Q / dO
+    if constexpr (Traits::kSplitD) {  // the writer has read the last dQ tile out of Q / dO
         cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0));
     }
 
@@ -946,38 +885,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warp_group_idx == 0) {
         // ---- producer warpgroup: one thread issues every TMA load; the other warps retire ----
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-        if constexpr (Traits::kDqTma || Traits::kDqStage) {
-            // Warp 1 is the dQ writer. Branching on the warp index first keeps the loader in a
-            // warp-uniform region: there ptxas keeps its addresses in uniform registers, while
-            // a loader branched into from divergent lanes spills at 24 registers.
-            const int warp_idx = cutlass::canonical_warp_idx_sync();
-            if (warp_idx == 0) {
-                if (threadIdx.x == 0 && m_block_max > m_block_min) {
-                    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
-                    cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
-                    cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
-                    cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
-                    bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
-                }
-            } else if (warp_idx == 1 && m_block_max > m_block_min) {
-                if constexpr (Traits::kDqTma) {
-                    bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
-                } else {  // split-d: the dQ tile sits in the Q / dO stage
-                    bwd_ws_write_dq_split_d<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min,
-                                                    m_block_max);
-                }
-            } else if constexpr (Traits::kDropoutInProducer) {
-                if (m_block_max > m_block_min) {  // warps 2-3: the dropout flags
-                    bwd_ws_dropout_producer<Traits>(params, ss, bidb, bidh, n_block, m_block_min, m_block_max,
-                                                    int(threadIdx.x) - 64);
-                }
+        // Warp 1 is the dQ writer. Branching on the warp index first keeps the loader in a
+        // warp-uniform region: there ptxas keeps its addresses in uniform registers, while
+        // a loader branched into from divergent lanes spills at 24 registers.
+        const int warp_idx = cutlass::canonical_warp_idx_sync();
+        if (warp_idx == 0) {
+            if (threadIdx.x == 0 && m_block_max > m_block_min) {
+                cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+                cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+                cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
+                cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
+                bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
             }
-        } else if (threadIdx.x == 0 && m_block_max > m_block_min) {
-            cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
-            cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
-            cute::prefetch_tma_descriptor(kp.tma_lse.get_tma_descriptor());
-            cute::prefetch_tma_descriptor(kp.tma_dsum.get_tma_descriptor());
-            bwd_ws_load<Traits>(kp, ss, pipeline, binfo, bidb, bidh, m_block_min, m_block_max);
+        } else if (warp_idx == 1 && m_block_max > m_block_min) {
+            if constexpr (!Traits::kSplitD) {
+                bwd_ws_write_dq<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min, m_block_max);
+            } else {  // split-d: the dQ tile sits in the Q / dO stage
+                bwd_ws_write_dq_split_d<Traits>(params, ss, binfo, n_block, bidb, bidh, m_block_min,
+                                                m_block_max);
+            }
+        } else if constexpr (Traits::kDropoutInProducer) {
+            if (m_block_max > m_block_min) {  // warps 2-3: the dropout flags
+                bwd_ws_dropout_producer<Traits>(params, ss, bidb, bidh, n_block, m_block_min, m_block_max,
+                                                int(threadIdx.x) - 64);
+            }
         }
     } else {
         // ---- consumer warpgroups ----

@@ -97,19 +97,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
     // grid: (b * h_k, row blocks, splits), as the SM80-class split kernel.
-    const int m_block = blockIdx.y, split = blockIdx.z;
-    const int bidb = blockIdx.x / params.h_k, bidh_k = blockIdx.x % params.h_k;
-    const int g = params.h_h_k_ratio;
-
-    const BlockInfo binfo(params, bidb);
-    const int seqlen_q = binfo.seqlen_q, seqlen_k = binfo.seqlen_k;
-    const int packed_rows = seqlen_q * g;
-    const int p0 = m_block * kBlockM;
-    if (p0 >= packed_rows) return;  // uniform over the CTA
-    const int diag = seqlen_k - seqlen_q;
+    const SplitKVBlock<kBlockM> blk(params);
+    if (blk.empty()) return;
+    const BlockInfo &binfo = blk.binfo;
+    const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
     // Keys this row block can see, in whole warp tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw, kBlockM>(params, p0, packed_rows, g, seqlen_k, diag, split);
+    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw>(params, blk);
     const int s_begin = tiles.begin, s_end = tiles.end;
     // This warp's tiles: s_begin + warp, + kNWarps, ... (all < t_end, so each has >= 1 key < seqlen_k).
     const int my_first = s_begin + warp;
@@ -127,8 +121,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
 
     // ---- Q: packed row p -> (query p / g, head bidh_k * g + p % g); cp.async, read once into registers ----
     Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename WT::SmemLayoutQ{});
-    splitkv_load_q<kBlockM, kHeadDim, Traits::kNThreads, Element>(params, binfo, sQ, p0, packed_rows, g, bidb, bidh_k,
-                                                                  tidx);
+    splitkv_load_q<kHeadDim, Traits::kNThreads, Element>(params, blk, sQ, tidx);
     cp_async_fence();
 
     // ---- K/V rows: dense (batch stride, leftpad, kv_batch_idx, varlen offset) or paged ----
@@ -203,12 +196,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     // Query index (-1 past the end) and, with kMod, ALiBi slope of this thread's rows.
     int row_q[kNRows];
     [[maybe_unused]] float alibi_slope[kNRows];
-    splitkv_row_state<kMod>(params, coords_s_rc, p0, packed_rows, g, bidb, bidh_k, row_q, alibi_slope);
+    splitkv_row_state<kMod>(params, coords_s_rc, blk, row_q, alibi_slope);
     const bool needs_row_mask = params.window_left < kWindowUnbounded || params.window_right < kWindowUnbounded;
 
     OnlineSoftmax<kNRows> softmax;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kNRows; ++mi) { softmax.row_max(mi) = -INFINITY, softmax.row_sum(mi) = 0.f; }
+    softmax.reset();
 
     auto sK_at = [&](int stage) {
         return make_tensor(make_smem_ptr(smem_kv + (warp * kStages + stage) * 2 * kTileElems),
@@ -267,9 +259,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
 
     // Every copy this warp issued has been waited for: the K/V area is free once all warps are here.
     __syncthreads();
-    splitkv_merge_and_store<kNWarps, kBlockM, kHeadDim, Traits::kNThreads, Element>(
-        params, binfo, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx, p0, packed_rows, bidb, bidh_k,
-        split);
+    splitkv_merge_and_store<kNWarps, kHeadDim, Traits::kNThreads, Element>(
+        params, blk, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx);
 #endif
 }
 

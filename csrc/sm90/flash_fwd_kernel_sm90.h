@@ -137,16 +137,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     Tensor tQpQ = make_col_predicate(tQcQ, params.d);
     Tensor tKVpKV = make_col_predicate(tKVcKV, params.d);
     auto load_K = [&](int n_block, int stage) {
-        Tensor g = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.k_ptr) + k_base +
-                                             index_t(n_block) * kBlockN * params.k_row_stride),
-                               Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.k_row_stride, _1{}));
+        Tensor g = block_rows_gmem<kBlockN, kHeadDim>(reinterpret_cast<Element *>(params.k_ptr), k_base, n_block,
+                                                      params.k_row_stride);
         Tensor dst = tKsK(_, _, _, stage);
         load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(g), dst, tKVcKV, tKVpKV, seqlen_k - n_block * kBlockN);
     };
     auto load_V = [&](int n_block, int stage) {
-        Tensor g = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.v_ptr) + v_base +
-                                             index_t(n_block) * kBlockN * params.v_row_stride),
-                               Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(params.v_row_stride, _1{}));
+        Tensor g = block_rows_gmem<kBlockN, kHeadDim>(reinterpret_cast<Element *>(params.v_ptr), v_base, n_block,
+                                                      params.v_row_stride);
         Tensor dst = tVsV(_, _, _, stage);
         load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(g), dst, tKVcKV, tKVpKV, seqlen_k - n_block * kBlockN);
     };
@@ -211,10 +209,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     }
     softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
-    {
-        Tensor converted = convert_type<Element>(acc_s);
-        cute::copy(converted, rP);
-    }
+    convert_into(acc_s, rP);
     apply_dropout(rP, n_block);
     clear(acc_o);
 
@@ -243,8 +238,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_o);
         softmax.rescale_o(acc_o, rescale);
-        Tensor converted = convert_type<Element>(acc_s_next);
-        cute::copy(converted, rP);
+        convert_into(acc_s_next, rP);
         apply_dropout(rP, n_block);
     }
 

@@ -15,6 +15,7 @@
 
 #include "common/block_info.h"
 #include "common/flash.h"
+#include "common/tile_io.h"
 #include "common/utils.h"
 #include "sm90/kernel_traits_fwd_ws_sm90.h"
 
@@ -34,16 +35,8 @@ __forceinline__ __device__ void fwd_ws_store_threads(FwdParams const &params, Bl
     Element *o_ptr = reinterpret_cast<Element *>(params.o_ptr) +
                      binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) + bidh * params.o_head_stride +
                      int64_t(row0) * params.o_row_stride;
-    Tensor g = make_tensor(make_gmem_ptr(o_ptr), Shape<Int<kRows>, Int<kHeadDim>>{}, make_stride(params.o_row_stride, _1{}));
-    typename EpiBase::GmemTiledCopyStore gmem_copy;
-    auto thr_gmem_copy = gmem_copy.get_thread_slice(wg_tidx);
-    Tensor tS = thr_gmem_copy.partition_S(s);
-    Tensor tG = thr_gmem_copy.partition_D(g);
-    Tensor tR = make_tensor<Element>(shape(tG));
-    cute::copy(gmem_copy, tS, tR);
-    Tensor tC = thr_gmem_copy.partition_D(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{}));
-    Tensor pred = make_col_predicate(tC, params.d);
-    copy_tile</*kClearOOB=*/false>(gmem_copy, tR, tG, tC, pred, rows_left);
+    smem_tile_to_gmem<typename EpiBase::GmemTiledCopyStore, kRows, kHeadDim>(s, o_ptr, params.o_row_stride, rows_left,
+                                                                            params.d, wg_tidx);
 }
 
 // kMayTma: the TMA path is compiled in (Traits::kTmaStoreOFor; elsewhere the launcher sets

@@ -316,10 +316,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     // before the next P V is issued, under the S GEMM then in flight.
     auto rescale = softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
-    {
-        Tensor converted = convert_type<Element>(acc_s);
-        cute::copy(converted, rP);
-    }
+    convert_into(acc_s, rP);
     apply_dropout(rP, n_block);
     clear(acc_o);
 
@@ -359,8 +356,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         pipeline_v.consumer_release(state_v);
         ++state_v;
         if constexpr (!kRescaleOBeforePV) { rescale_o(acc_o, rescale); }
-        Tensor converted = convert_type<Element>(acc_s_next);
-        cute::copy(converted, rP);
+        convert_into(acc_s_next, rP);
         apply_dropout(rP, n_block);
     }
 

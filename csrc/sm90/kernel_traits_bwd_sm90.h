@@ -78,15 +78,10 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
 // The split-d tiles of the warp-specialised backward at head dim 256 (kernel_traits_bwd_ws_sm90.h,
 // kSplitD): one CTA owns 64 keys and both warpgroups work on all of them. dK / dV (64 x 256 fp32)
 // would not fit one warpgroup's registers, so the warpgroups split the head dim: warpgroup w owns
-// columns [128 w, 128 w + 128) of dK, dV and dQ. Each computes the whole S^T = K Q^T and
-// dP^T = V dO^T (64 x 64; the two S / dP GEMMs are done twice, 7 GEMM units of work per step for
-// 5 useful ones), so that P^T and dS^T are in its registers as the A operands of dV += P^T dO and
-// dK += dS^T Q over its columns, with no exchange between the warpgroups but dS for dQ = dS K.
-//
-// kExchange (FA3's split, A/B): the warpgroups split S^T / dP^T by queries instead (warpgroup w:
-// queries [32 w, 32 w + 32), 5 GEMM units per step), P^T and dS^T go through shared memory (both
-// halves), and dV / dK read their A operand from there (SS) instead of registers.
-template <int kHeadDim_, typename Element_, bool kExchange = false>
+// columns [128 w, 128 w + 128) of dK, dV and dQ. S^T / dP^T are split by queries (FA3's split:
+// warpgroup w on queries [32 w, 32 w + 32)), P^T and dS^T go through shared memory (both halves),
+// and dV / dK read their A operand from there (SS).
+template <int kHeadDim_, typename Element_>
 struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Element_> {
     using Base = KernelTraitsBase<kHeadDim_, 64, 64, 8, Element_>;  // 8 warps: the 256 consumer threads
     using typename Base::Element;
@@ -97,26 +92,17 @@ struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Elemen
     static constexpr int kNWarpgroups = 2;
     static constexpr int kStages = 2;
 
-    // S^T = K Q^T and dP^T = V dO^T: one warpgroup's MMA (128 threads, its thread index within the
-    // warpgroup), (kBlockN, kBlockM), both operands K-major in smem; run by both warpgroups.
-    // kExchange: a 256-thread MMA, warpgroup w on queries [32 w, 32 w + 32).
-    using TiledMmaSdP = std::conditional_t<
-        kExchange,
-        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / 2>, Int<kHeadDim>>>(),
-                                Layout<Shape<_1, _2, _1>>{})),
-        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>(),
-                                Layout<Shape<_1, _1, _1>>{}))>;
+    // S^T = K Q^T and dP^T = V dO^T: (kBlockN, kBlockM), both operands K-major in smem, a
+    // 256-thread MMA, warpgroup w on queries [32 w, 32 w + 32).
+    using TiledMmaSdP = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / 2>, Int<kHeadDim>>>(),
+        Layout<Shape<_1, _2, _1>>{}));
     // dV += P^T dO, dK += dS^T Q: (kBlockN, d) over the 256 consumer threads, warpgroup w on
-    // columns [d/2 w, d/2 (w + 1)); A (P^T, dS^T: the whole 64 x 64 tile) from registers.
-    // kExchange: A (P^T, dS^T) from shared memory, K-major (queries contiguous).
-    using TiledMmadKV = std::conditional_t<
-        kExchange,
-        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>,
-                                                     GMMA::Major::K, GMMA::Major::MN>(),
-                                Layout<Shape<_1, _2, _1>>{})),
-        decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>,
-                                                     GMMA::Major::K, GMMA::Major::MN>(),
-                                Layout<Shape<_1, _2, _1>>{}))>;
+    // columns [d/2 w, d/2 (w + 1)); A (P^T, dS^T) from shared memory, K-major (queries contiguous).
+    using TiledMmadKV = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockM>>, GMMA::Major::K,
+                             GMMA::Major::MN>(),
+        Layout<Shape<_1, _2, _1>>{}));
     // dQ = dS K: (kBlockM, d), split along d the same way.
     static constexpr int kdQWgM = 1;
     static constexpr int kdQWgN = 2;

@@ -31,9 +31,9 @@ using namespace cute;
 enum class BwdWsBarrier : uint32_t {
     kConsumers = 0,  // K / V landed; dK / dV staging (epilogue)
     kdS = 1,         // both warpgroups' dS^T of this query block are in shared memory
-    // dQ through shared memory (kDqTma): over the 256 consumer threads + the dQ writer warp.
-    // (kDqStage, split-d: the same ids, buffer = pipeline stage; kdQEmpty0 once, after the
-    // last block: Q / dO are free for the dK / dV staging.)
+    // dQ through shared memory: over the 256 consumer threads + the dQ writer warp. (Split-d:
+    // the same ids, buffer = pipeline stage; kdQEmpty0 once, after the last block: Q / dO are
+    // free for the dK / dV staging.)
     kdQFull0 = 2,   // dQ buffer 0 (1: kdQFull0 + 1) written by the consumers, the writer may read it
     kdQEmpty0 = 4,  // the writer's bulk reduce has finished reading dQ buffer 0 (1: kdQEmpty0 + 1)
     // The split-d kMod kernel's deterministic dQ (consumers' ordered atomics): this CTA's turn
@@ -44,42 +44,35 @@ enum class BwdWsBarrier : uint32_t {
     kPFree = 7,
 };
 
-// kDqTma: dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued
-// by warp 1 of the producer warpgroup, instead of per-thread fp32 atomics. kOverlap: each query
-// block's dQ write-out is deferred until the next block's S^T / dP^T GEMMs are issued, so that
-// it overlaps them. kMod: softcap and ALiBi (the score modifiers of attn_mods.h) and the
-// deterministic dQ. kDropout (with kMod): dropout, with ALiBi or not; the keep flags of query
-// block m sit in buffer (m - m_block_min) % 2 in shared memory (layout 2 of dropout_sm90.h). At
-// d128 warps 2-3 of the producer warpgroup generate them, handed over by a full / empty mbarrier
-// pair per buffer (kDropoutInProducer); at d64 (and in the split-d kernel) the consumers do, block
-// m + 2 while block m's dQ GEMM runs (see flash_bwd_ws_kernel_sm90.h).
-// kSplitD (head dim 256; 1, or 2 for the exchange form): 64-key CTAs whose two consumer
-// warpgroups split the head dim instead of the keys (BwdKernelTraitsSm90SplitD); dQ by fp32
-// atomics (two fp32 dQ tiles of 64 KB would not fit next to the Q / dO ring). Plain calls, and
-// (kMod, the exchange form only) softcap / ALiBi / the deterministic dQ, whose atomics the
-// consumers then add in each slice's order (BwdWsDqOrder).
-// kDqStage (split-d exchange form): dQ tiles leave through the query block's own Q /
-// dO stage (no room for a dQ buffer at d256) and bulk reduces by warp 1 of the producer warpgroup
+// dQ leaves through shared memory and one bulk reduce-add per query block (FA3), issued by
+// warp 1 of the producer warpgroup, instead of per-thread fp32 atomics. kMod: softcap and ALiBi
+// (the score modifiers of attn_mods.h) and the deterministic dQ. kDropout (with kMod): dropout,
+// with ALiBi or not; the keep flags of query block m sit in buffer (m - m_block_min) % 2 in shared
+// memory (layout 2 of dropout_sm90.h). At d128 warps 2-3 of the producer warpgroup generate them,
+// handed over by a full / empty mbarrier pair per buffer (kDropoutInProducer); at d64 (and in the
+// split-d kernel) the consumers do, block m + 2 while block m's dQ GEMM runs (see
+// flash_bwd_ws_kernel_sm90.h).
+// kSplitD (head dim 256): 64-key CTAs whose two consumer warpgroups split the head dim of dK / dV
+// / dQ instead of the keys, and S^T / dP^T by queries, with P^T and dS^T through shared memory
+// (BwdKernelTraitsSm90SplitD). Its dQ tiles leave through the query block's own Q / dO stage
+// (no room for a dQ buffer at d256) and bulk reduces by warp 1 of the producer warpgroup
 // (bwd_ws_write_dq_split_d), which also hands each stage back to the producer; in the slice's
 // order for deterministic calls (BwdWsDqOrder). bf16 8k bwd: the deterministic calls
 // 14.4 -> 7.7 ms (ordered fp32 atomics need a gpu-scope fence to publish them, which makes ptxas
 // emit them as ATOMG), below the atomics kernel's plain 9.6 ms, hence every such call's kernel.
-// kDqV4 (split-d, A/B): dQ added with 16-byte float4 atomics after a lane-pair exchange (half the
-// atomic instructions of float2).
 // kBlockM (not split-d, not dropout): query rows per step, 64, or 128 (d64, plain
 // and kMod: FA3's d64 tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64
 // queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
-template <int kHeadDim_, int kStages_, typename Element_, bool kDqTma_ = false, bool kOverlap_ = false,
-          bool kMod_ = false, bool kDropout_ = false, int kSplitD_ = 0, bool kDqStage_ = false,
-          bool kDqV4_ = false, int kBlockM_ = 64>
-struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
+template <int kHeadDim_, int kStages_, typename Element_, bool kMod_ = false, bool kDropout_ = false,
+          bool kSplitD_ = false, int kBlockM_ = 64>
+struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_>,
                                             BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
     // copy atoms (GmemTiledCopyLoad for K / V, the store_tile atoms), all indexed by the consumer
-    // thread index 0..255 (kSplitD: TiledMmaSdP by the index within the warpgroup).
-    using Base = std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_, kSplitD_ == 2>,
+    // thread index 0..255.
+    using Base = std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_>,
                                     BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>>;
-    static_assert(kBlockM_ == 64 || (kSplitD_ == 0 && !kDropout_),
+    static_assert(kBlockM_ == 64 || (!kSplitD_ && !kDropout_),
                   "128-row query blocks: the plain and score-modifier / deterministic kernels only");
     using typename Base::Element;
     using Base::kBlockM;
@@ -87,34 +80,23 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     using Base::kHeadDim;
     static_assert(Base::kNWarpgroups == 2);
     static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
-    static constexpr bool kDqTma = kDqTma_;
-    static constexpr bool kOverlap = kOverlap_;
     static constexpr bool kMod = kMod_;
     static constexpr bool kDropout = kDropout_;
-    static_assert(!kDropout || (kMod && (kDqTma || kSplitD_ == 2)),
-                  "the dropout variant is a kMod kernel with the dQ bulk reduce-add, or the split-d exchange form's");
-    static constexpr bool kSplitD = kSplitD_ != 0;
-    // The exchange form: S^T / dP^T split by queries, P^T and dS^T through shared memory.
-    static constexpr bool kSplitDExchange = kSplitD_ == 2;
-    static_assert(!kSplitD || (!kDqTma && !kOverlap && (!kMod || kSplitDExchange) && (!kDropout || kSplitDExchange)),
-                  "the split-d kernel serves plain calls, and score modifiers / deterministic / dropout in its "
-                  "exchange form");
-    static constexpr bool kDqStage = kDqStage_;
-    static constexpr bool kDqV4 = kDqV4_;
-    static_assert(!kDqV4 || (kSplitD && !kDqStage), "float4 dQ atomics: the split-d kernel's atomics");
-    static_assert(!kDqStage || (kSplitDExchange && kStages == 2), "dQ through the Q / dO stage: split-d");
+    static_assert(!kDropout || kMod, "the dropout variant is a kMod kernel");
+    static constexpr bool kSplitD = kSplitD_;
+    static_assert(!kSplitD || kStages == 2, "split-d: dQ through the Q / dO stage of each of the two stages");
     static constexpr int kNConsumerThreads = 256;
     static constexpr int kNThreads = 128 + kNConsumerThreads;
     static_assert(Base::kNThreads == kNConsumerThreads);
     // FA3's split for one producer + two consumer warpgroups: 128 x 24 + 256 x 240 = 64512 registers.
     // The dropout kernel (not split-d) gives warps 2-3 of the producer warpgroup the Philox calls
     // (kDropoutInProducer). The setmaxnreg pool is the CTA's launch allocation, 384 x 168 = 64512
-    // (128 x 32 + 256 x 240 = 65536 left the consumers' setmaxnreg.inc waiting forever: the
-    // session-19 hang). 24 / 240: the Philox loop fits in 24 registers without spills (d128), and
+    // (128 x 32 + 256 x 240 = 65536 leaves the consumers' setmaxnreg.inc waiting forever: a
+    // hang). 24 / 240: the Philox loop fits in 24 registers without spills (d128), and
     // the consumers spill 76 bytes at 232.
     // d64 stays on the consumers' generation: there the producer form (40 / 232 registers)
     // measured 1.38x the plain backward against 1.36x (d128: 1.14x against 1.20x).
-    static constexpr bool kDropoutInProducer = kDropout && kSplitD_ == 0 && kHeadDim == 128;
+    static constexpr bool kDropoutInProducer = kDropout && !kSplitD_ && kHeadDim == 128;
     static constexpr int kDropProducerThreads = 64;
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerRegs = 240;
@@ -166,7 +148,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using PipelineState = typename Pipeline::PipelineState;
 
-    // dQ tiles of kDqTma: (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
+    // dQ tiles (not split-d): (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
     // they are added to (one contiguous 1-D bulk reduce per tile); with params.dq_accum_swizzled
     // (always, for the d64 / d128 kernels) float c of row r sits at c ^ (8 (r % 4)) in
     // both, which makes the consumers' float2 stores conflict-free (see write_out_dq) and which
@@ -191,38 +173,36 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_ != 0, BwdKernelTraitsSm90Sp
         cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_dsum;
         typename Pipeline::SharedStorage pipeline;
     };
-    struct SharedStorageDqTma : SharedStoragePlain {
+    struct SharedStorageDqBuffers : SharedStoragePlain {
         cute::array_aligned<float, cosize_v<SmemLayoutdQ>, 128> smem_dq;  // bulk copies: 16-byte aligned
     };
     // Dropout keep flags (kDropout): layout 2 of dropout_sm90.h, one byte per element of the
     // 64 x 128 tile (2048 words) per buffer; LDS.128 / STS.64: 16-byte aligned.
     static constexpr int kDropFlagBuffers = 2;
     static constexpr int kDropFlagWords = kBlockM * kBlockN / 4;
-    struct SharedStorageDropout : SharedStorageDqTma {
+    struct SharedStorageDropout : SharedStorageDqBuffers {
         cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
         // kDropoutInProducer: buffer b is full (the producer warps' kDropProducerThreads arrivals)
         // / empty (the consumer threads' arrivals after their last read of its flags).
         alignas(8) uint64_t drop_full[kDropFlagBuffers];
         alignas(8) uint64_t drop_empty[kDropFlagBuffers];
     };
-    // kSplitDExchange: P^T beside dS^T (same layout; two buffers, one with dropout, whose two
+    // kSplitD: P^T beside dS^T (same layout; two buffers, one with dropout, whose two
     // 4 KB flag buffers would not fit next to a second one: 224 KB + 8 KB > 227 KB).
     static constexpr int kPBuffers = kDropout ? 1 : 2;
     using SmemLayoutP = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
                                                Shape<Int<kBlockM>, Int<kBlockN>, Int<kPBuffers>>{}));
     using SmemLayoutPt = decltype(composition(
         SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kPBuffers>>{}, Step<_2, _1, _3>{})));
-    struct SharedStorageExchange : SharedStoragePlain {
+    struct SharedStorageSplitD : SharedStoragePlain {
         cute::array_aligned<Element, cosize_v<SmemLayoutP>, 1024> smem_p;
     };
-    struct SharedStorageExchangeDropout : SharedStorageExchange {
+    struct SharedStorageSplitDDropout : SharedStorageSplitD {
         cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
     };
     using SharedStorage = std::conditional_t<
-        kDropout && kSplitDExchange, SharedStorageExchangeDropout,
-        std::conditional_t<kDropout, SharedStorageDropout,
-        std::conditional_t<kDqTma, SharedStorageDqTma,
-                           std::conditional_t<kSplitDExchange, SharedStorageExchange, SharedStoragePlain>>>>;
+        kSplitD, std::conditional_t<kDropout, SharedStorageSplitDDropout, SharedStorageSplitD>,
+        std::conditional_t<kDropout, SharedStorageDropout, SharedStorageDqBuffers>>;
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
     static_assert(2 * cosize(typename Base::SmemLayoutdKV{}) <=
