@@ -202,7 +202,9 @@ def _csrc_files():
     if not out:  # not a git checkout (an unpacked sdist): what is on disk
         out = [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*") if p.is_file()
                and "__pycache__" not in p.parts]
-    return sorted(out)
+    # A copied tree can carry a .git whose index is older than the files (the GPU machine's copy
+    # did): the tracked files that are not on disk are not this tree's.
+    return sorted(f for f in out if (ROOT / f).is_file())
 
 
 def _manifest_files():
