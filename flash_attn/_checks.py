@@ -508,6 +508,12 @@ def _first(mask):
     return int(mask.nonzero()[0, 0])
 
 
+def _raise_first(bad, message):
+    """FlashAttnValueError("flash_attn: " + message(i)) for the first i where bad[i], if any."""
+    if bool(bad.any()):
+        raise FlashAttnValueError("flash_attn: " + message(_first(bad)))
+
+
 def _block_table_error(block_table, lengths, page_block_size, num_blocks, row, seq_what):
     lengths = lengths.to(torch.int64).clamp(0, block_table.shape[1] * page_block_size)
     need = int((lengths[row] + page_block_size - 1) // page_block_size)
@@ -618,28 +624,16 @@ def check_kvcache_values(cache_seqlens, seqlen_new, seqlen_cache, batch_cache, c
              else f"k_cache.shape[1] = {seqlen_cache}")
     seqlens = host.get("cache_seqlens")
     if seqlens is not None:
-        neg = seqlens < 0
-        if bool(neg.any()):
-            i = _first(neg)
-            raise FlashAttnValueError(
-                f"flash_attn: cache_seqlens must be >= 0, got cache_seqlens[{i}] = {int(seqlens[i])}"
-            )
-        over = seqlens + seqlen_new > seqlen_cache
-        if bool(over.any()):
-            i = _first(over)
-            raise FlashAttnValueError(
-                f"flash_attn: cache_seqlens[{i}] = {int(seqlens[i])}{new_s} is past the end of the "
-                f"cache ({where} rows)"
-            )
+        _raise_first(seqlens < 0, lambda i: f"cache_seqlens must be >= 0, got cache_seqlens[{i}] = "
+                                            f"{int(seqlens[i])}")
+        _raise_first(seqlens + seqlen_new > seqlen_cache,
+                     lambda i: f"cache_seqlens[{i}] = {int(seqlens[i])}{new_s} is past the end of "
+                               f"the cache ({where} rows)")
     bidx = host.get("cache_batch_idx")
     if bidx is not None:
-        bad = (bidx < 0) | (bidx >= batch_cache)
-        if bool(bad.any()):
-            i = _first(bad)
-            raise FlashAttnValueError(
-                f"flash_attn: cache_batch_idx[{i}] = {int(bidx[i])} is not an entry of k_cache "
-                f"(must be in [0, k_cache.shape[0] = {batch_cache}))"
-            )
+        _raise_first((bidx < 0) | (bidx >= batch_cache),
+                     lambda i: f"cache_batch_idx[{i}] = {int(bidx[i])} is not an entry of k_cache "
+                               f"(must be in [0, k_cache.shape[0] = {batch_cache}))")
     leftpad = host.get("cache_leftpad")
     if leftpad is not None:
         if seqlens is not None:
