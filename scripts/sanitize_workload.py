@@ -108,10 +108,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--debug-kernel", action="append", default=[], metavar="NAME=VALUE",
+                    help="flash_attn._C.set_debug_kernel(NAME, VALUE) first, e.g. fwd_tma_o_off=1")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     torch.manual_seed(0)
     ext = _get_ext()
+    for item in args.debug_kernel:
+        name, value = item.split("=")
+        err = ext.set_debug_kernel(name, int(value))
+        assert not err, err
     for d in [int(x) for x in args.head_dims.split(",")]:
         for sm90 in ([True, False] if ext.sm90_kernels_built() else [False]):
             ext.set_sm90_kernels(sm90)
