@@ -137,7 +137,6 @@ void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, cons
     args.seqlen_new = checked_int(k.size(1), "seqlen_new");
     args.h_k = checked_int(k.size(2), "nheads_k");
     args.d = checked_int(k.size(3), "headdim");
-    args.elem_bytes = 2;
     flash::clear_launch_error();
     flash::append_kv(args, c10::cuda::getCurrentCUDAStream().stream());
     const std::string err = flash::last_launch_error();

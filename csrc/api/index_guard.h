@@ -105,7 +105,7 @@ struct AppendKvArgs {
     int64_t block_table_stride;
     int page_block_size;
     const int *skip_flag;  // or nullptr
-    int b, seqlen_new, h_k, d, elem_bytes;
+    int b, seqlen_new, h_k, d;  // fp16 / bf16 elements (the binding checks)
 };
 
 void append_kv(const AppendKvArgs &args, cudaStream_t stream);
