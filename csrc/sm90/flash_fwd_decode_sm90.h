@@ -92,7 +92,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     constexpr int kStages = Traits::kStages;
     constexpr int kTileElems = Traits::kTileElems;
     constexpr int kRowBytes = Traits::kRowBytes;
-    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks (Q load)
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
