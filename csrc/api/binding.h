@@ -74,10 +74,11 @@ int *stream_tile_counter(const at::Tensor &on_device);
 void set_tile_counter(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen);
 void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool zero_fill, bool varlen);
 void set_backward_switches(flash::BwdParams &params);
-void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right);
-void set_softcap(flash::FwdParams &p, double softmax_scale, double softcap);
-void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q, int64_t b,
-               int64_t h);
+// The score modifiers of every entry point: window (causal included), softcap and ALiBi. b, h: the
+// batch size and number of query heads (dense q (b, s, h, d); varlen: cu_seqlens' batch).
+void set_score_mods(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right,
+                    double softmax_scale, double softcap, const std::optional<at::Tensor> &alibi_slopes,
+                    const at::Tensor &q, int64_t b, int64_t h);
 void check_dropout(double p_dropout, double softcap);
 void set_dropout_rates(flash::FwdParams &p, double p_dropout);
 uint64_t philox_increment(int64_t seqlen_k);
@@ -96,6 +97,8 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile);
 void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
 at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q);
+const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
+                         at::Tensor &holder);
 void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q);
 
 // The entry points (dense.cpp, varlen.cpp, kvcache.cpp); their arguments are documented at the

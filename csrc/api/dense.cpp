@@ -38,9 +38,8 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
 
     flash::FwdParams params{};
     set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
-    set_window(params, is_causal, window_left, window_right);
-    set_softcap(params, softmax_scale, softcap);
-    set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+    set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
+                   q.size(0), q.size(2));
     params.rng_state_ptr = rng_state.data_ptr<int64_t>();
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/false);
@@ -86,9 +85,8 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
 
         flash::BwdParams params{};
         set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
-        set_window(params, is_causal, window_left, window_right);
-        set_softcap(params, softmax_scale, softcap);
-        set_alibi(params, alibi_slopes, q, q.size(0), q.size(2));
+        set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
+                       q.size(0), q.size(2));
         set_dropout_bwd(params, p_dropout, rng_state);
         at::Tensor dq_semaphore;
         const at::Tensor dq_accum = make_dq_accum(params, deterministic, {b, h, seqlen_q_rounded, tile}, b, h, sk,

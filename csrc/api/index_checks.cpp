@@ -13,13 +13,6 @@ at::Tensor guard_buffer(int64_t n_outputs, const at::Tensor &like) {
     return at::empty({n_outputs + 8}, like.options().dtype(at::kInt));
 }
 
-const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
-                         at::Tensor &holder) {
-    if (!t.has_value()) return nullptr;
-    holder = checked_int_vector(t.value(), name, n, q);
-    return holder.data_ptr<int>();
-}
-
 int checked_int(int64_t v, const char *name) {
     FLASH_CHECK(v >= 0 && v <= std::numeric_limits<int>::max(), "flash_attn: ", name, " must be in [0, 2**31), got ",
                 v);

@@ -81,22 +81,11 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     flash::FwdParams params{};
     set_qkv(params, q, k_cache, v_cache, out, lse, softmax_scale, is_causal);
     params.seqlen_k = static_cast<int>(seqlen_k);
-    set_window(params, is_causal, window_left, window_right);
-    set_softcap(params, softmax_scale, softcap);
-    set_alibi(params, alibi_slopes, q, b, h);
+    set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
     params.num_splits = 1;
-    if (seqused_k_.has_value()) {
-        seqused_k = checked_int_vector(seqused_k_.value(), "cache_seqlens", b, q);
-        params.seqused_k = seqused_k.data_ptr<int>();
-    }
-    if (leftpad_k_.has_value()) {
-        leftpad_k = checked_int_vector(leftpad_k_.value(), "cache_leftpad", b, q);
-        params.leftpad_k = leftpad_k.data_ptr<int>();
-    }
-    if (batch_idx_.has_value()) {
-        batch_idx = checked_int_vector(batch_idx_.value(), "cache_batch_idx", b, q);
-        params.kv_batch_idx = batch_idx.data_ptr<int>();
-    }
+    params.seqused_k = optional_ints(seqused_k_, "cache_seqlens", b, q, seqused_k);
+    params.leftpad_k = optional_ints(leftpad_k_, "cache_leftpad", b, q, leftpad_k);
+    params.kv_batch_idx = optional_ints(batch_idx_, "cache_batch_idx", b, q, batch_idx);
     if (paged) {
         params.block_table = block_table.data_ptr<int>();
         params.block_table_batch_stride = block_table.stride(0);

@@ -198,7 +198,7 @@ void set_backward_switches(flash::BwdParams &params) { params.bwd_ws = !g_debug.
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
-void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
+static void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right) {
     if (window_left >= p.seqlen_k) window_left = -1;
     if (window_right >= p.seqlen_k) window_right = -1;
     if (is_causal) window_right = 0;
@@ -208,17 +208,15 @@ void set_window(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_
 
 // Softcap: the kernels compute tanh(s * softcap_scale) and scale it by softcap (upstream's scheme),
 // so scale_softmax becomes softcap; the backward's dq / dk scaling follows.
-void set_softcap(flash::FwdParams &p, double softmax_scale, double softcap) {
+static void set_softcap(flash::FwdParams &p, double softmax_scale, double softcap) {
     if (softcap <= 0.0) return;  // <= 0 means off (upstream)
     p.softcap_scale = static_cast<float>(softmax_scale / softcap);
     p.scale_softmax = static_cast<float>(softcap);
     p.scale_softmax_log2 = static_cast<float>(softcap * M_LOG2E);
 }
 
-// b, h: the batch size and number of query heads (dense q (b, s, h, d); varlen: cu_seqlens
-// batch and q (total, h, d)).
-void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q, int64_t b,
-               int64_t h) {
+static void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slopes, const at::Tensor &q,
+                      int64_t b, int64_t h) {
     if (!alibi_slopes.has_value()) return;
     const at::Tensor &a = alibi_slopes.value();
     FLASH_CHECK(a.scalar_type() == at::kFloat, "flash_attn: alibi_slopes must have dtype float32, got ",
@@ -230,6 +228,14 @@ void set_alibi(flash::FwdParams &p, const std::optional<at::Tensor> &alibi_slope
                 ", ", h, "), got ", a.sizes());
     p.alibi_slopes_ptr = a.data_ptr<float>();
     p.alibi_slopes_batch_stride = a.dim() == 2 ? a.stride(0) : 0;
+}
+
+void set_score_mods(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right,
+                    double softmax_scale, double softcap, const std::optional<at::Tensor> &alibi_slopes,
+                    const at::Tensor &q, int64_t b, int64_t h) {
+    set_window(p, is_causal, window_left, window_right);
+    set_softcap(p, softmax_scale, softcap);
+    set_alibi(p, alibi_slopes, q, b, h);
 }
 
 void check_dropout(double p_dropout, double softcap) {
@@ -448,6 +454,14 @@ at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, 
     FLASH_CHECK(t.scalar_type() == at::kInt, "flash_attn: ", name, " must have dtype int32, got ", t.scalar_type());
     FLASH_CHECK(t.dim() == 1 && t.size(0) == n, "flash_attn: ", name, " must have shape (", n, "), got ", t.sizes());
     return t.contiguous();
+}
+
+// checked_int_vector of an optional argument, kept alive in `holder`: its data, or nullptr if absent.
+const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
+                         at::Tensor &holder) {
+    if (!t.has_value()) return nullptr;
+    holder = checked_int_vector(t.value(), name, n, q);
+    return holder.data_ptr<int>();
 }
 
 // (b, max_num_blocks_per_seq) int32 on q's device with a contiguous last dimension.

@@ -150,20 +150,12 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     flash::FwdParams params{};
     set_varlen_qkv(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
                    softmax_scale, is_causal);
-    set_window(params, is_causal, window_left, window_right);
-    set_softcap(params, softmax_scale, softcap);
-    set_alibi(params, alibi_slopes, q, b, h);
+    set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
     params.rng_state_ptr = rng_state.data_ptr<int64_t>();
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
     at::Tensor seqused_k, leftpad_k, block_table;
-    if (seqused_k_.has_value()) {
-        seqused_k = checked_int_vector(seqused_k_.value(), "seqused_k", b, q);
-        params.seqused_k = seqused_k.data_ptr<int>();
-    }
-    if (leftpad_k_.has_value()) {
-        leftpad_k = checked_int_vector(leftpad_k_.value(), "leftpad_k", b, q);
-        params.leftpad_k = leftpad_k.data_ptr<int>();
-    }
+    params.seqused_k = optional_ints(seqused_k_, "seqused_k", b, q, seqused_k);
+    params.leftpad_k = optional_ints(leftpad_k_, "leftpad_k", b, q, leftpad_k);
     bool found;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     if (paged) {
@@ -230,9 +222,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
         flash::BwdParams params{};
         set_varlen_qkv(params, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
                        softmax_scale, is_causal);
-        set_window(params, is_causal, window_left, window_right);
-        set_softcap(params, softmax_scale, softcap);
-        set_alibi(params, alibi_slopes, q, b, h);
+        set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
         set_dropout_bwd(params, p_dropout, rng_state);
         // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
         const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
