@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <array>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -65,6 +66,12 @@ bool is_aligned(const at::Tensor &t);
 at::Tensor aligned(const at::Tensor &t);
 at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *name, at::IntArrayRef shape,
                          const at::Tensor &like);
+// The backward's inputs in the layout the kernels read (q, k, v, out, dout 16-byte aligned; softmax_lse
+// float32 of lse_shape, contiguous) and its gradients: the caller's dq / dk / dv where given, else new.
+std::array<at::Tensor, 3> prepare_bwd(at::Tensor &q, at::Tensor &k, at::Tensor &v, at::Tensor &out, at::Tensor &dout,
+                                      at::Tensor &softmax_lse, at::IntArrayRef lse_shape, const char *lse_dims,
+                                      const std::optional<at::Tensor> &dq_, const std::optional<at::Tensor> &dk_,
+                                      const std::optional<at::Tensor> &dv_);
 void copy_back(const std::optional<at::Tensor> &given, const at::Tensor &computed);
 void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
              const at::Tensor &out, const at::Tensor &lse, double softmax_scale, bool is_causal);

@@ -64,15 +64,8 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
                 q.sizes());
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), h_k = k.size(2);
-    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
-                    softmax_lse.sizes() == at::IntArrayRef({b, h, sq}),
-                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (batch, nheads, seqlen_q)");
-    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
-    softmax_lse = softmax_lse.contiguous();
-
-    at::Tensor dq = output_or_new(dq_, "dq", q.sizes(), q);
-    at::Tensor dk = output_or_new(dk_, "dk", k.sizes(), k);
-    at::Tensor dv = output_or_new(dv_, "dv", v.sizes(), v);
+    const auto grads = prepare_bwd(q, k, v, out, dout, softmax_lse, {b, h, sq}, "(batch, nheads, seqlen_q)", dq_, dk_, dv_);
+    at::Tensor dq = grads[0], dk = grads[1], dv = grads[2];
     const int seqlen_q_rounded = round_up(static_cast<int>(sq), 128);
     at::Tensor softmax_d = at::empty({b, h, seqlen_q_rounded}, q.options().dtype(at::kFloat));
     if (b == 0 || h == 0 || sq == 0 || sk == 0) {

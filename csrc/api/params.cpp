@@ -98,6 +98,18 @@ at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *nam
     return at::empty(shape, like.options());
 }
 
+std::array<at::Tensor, 3> prepare_bwd(at::Tensor &q, at::Tensor &k, at::Tensor &v, at::Tensor &out, at::Tensor &dout,
+                                      at::Tensor &softmax_lse, at::IntArrayRef lse_shape, const char *lse_dims,
+                                      const std::optional<at::Tensor> &dq_, const std::optional<at::Tensor> &dk_,
+                                      const std::optional<at::Tensor> &dv_) {
+    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat && softmax_lse.sizes() == lse_shape,
+                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape ", lse_dims);
+    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
+    softmax_lse = softmax_lse.contiguous();
+    return {output_or_new(dq_, "dq", q.sizes(), q), output_or_new(dk_, "dk", k.sizes(), k),
+            output_or_new(dv_, "dv", v.sizes(), v)};
+}
+
 void copy_back(const std::optional<at::Tensor> &given, const at::Tensor &computed) {
     if (given.has_value() && !given.value().is_same(computed)) given.value().copy_(computed);
 }

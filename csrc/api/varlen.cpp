@@ -200,15 +200,8 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     const int64_t b = check_varlen_batch(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q);
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), total_k = k.size(0), h_k = k.size(1);
-    FLASH_CHECK(softmax_lse.is_cuda() && softmax_lse.scalar_type() == at::kFloat &&
-                    softmax_lse.sizes() == at::IntArrayRef({h, total_q}),
-                "flash_attn: softmax_lse must be a float32 CUDA tensor of shape (nheads, total_q)");
-    q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
-    softmax_lse = softmax_lse.contiguous();
-
-    at::Tensor dq = output_or_new(dq_, "dq", q.sizes(), q);
-    at::Tensor dk = output_or_new(dk_, "dk", k.sizes(), k);
-    at::Tensor dv = output_or_new(dv_, "dv", v.sizes(), v);
+    const auto grads = prepare_bwd(q, k, v, out, dout, softmax_lse, {h, total_q}, "(nheads, total_q)", dq_, dk_, dv_);
+    at::Tensor dq = grads[0], dk = grads[1], dv = grads[2];
     if (zero_tensors) dq.zero_(), dk.zero_(), dv.zero_();
     const int accum_rows = static_cast<int>(total_q + 128 * b);
     at::Tensor softmax_d = at::empty({h, accum_rows}, q.options().dtype(at::kFloat));
