@@ -46,7 +46,9 @@ import statistics
 import sys
 import traceback
 
-ALL_BACKENDS = ["ours", "flash", "cudnn", "efficient", "naive"]
+# "sdpa_ours": F.scaled_dot_product_attention's flash backend with flash_attn.sdpa activated, i.e.
+# this package's kernels behind SDPA (the same kernels as "ours", plus SDPA's dispatch).
+ALL_BACKENDS = ["ours", "sdpa_ours", "flash", "cudnn", "efficient", "naive"]
 SDPA_BACKEND_NAMES = {
     "flash": "FLASH_ATTENTION",
     "cudnn": "CUDNN_ATTENTION",
@@ -82,6 +84,17 @@ def _empty_cache(torch):
 # --------------------------------------------------------------------------------------
 # Command line (no torch import here: --help works anywhere)
 # --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _ours_behind_sdpa(kernel_ctx):
+    from flash_attn import sdpa
+    sdpa.activate()
+    try:
+        with kernel_ctx:
+            yield
+    finally:
+        sdpa.deactivate()
+
+
 def _int_list(s):
     try:
         return [int(x) for x in s.replace(";", ",").split(",") if x.strip()]
@@ -119,8 +132,8 @@ def parse_args(argv=None):
                    help="causal masking: off, on, or both (default: both)")
     p.add_argument("--dtypes", type=_str_list(["bf16", "fp16"]), default=["bf16"],
                    help="comma-separated dtypes: bf16,fp16 (default: bf16)")
-    p.add_argument("--backends", type=_str_list(ALL_BACKENDS), default=list(ALL_BACKENDS),
-                   help="comma-separated subset of %s (default: all)" % ",".join(ALL_BACKENDS))
+    p.add_argument("--backends", type=_str_list(ALL_BACKENDS), default=[b for b in ALL_BACKENDS if b != "sdpa_ours"],
+                   help="comma-separated subset of %s (default: all but sdpa_ours)" % ",".join(ALL_BACKENDS))
     p.add_argument("--quick", action="store_true",
                    help="small subset for smoke tests: seqlen %s, headdim %s (unless given)" %
                         (QUICK_SEQLENS, QUICK_HEADDIMS))
@@ -373,10 +386,10 @@ class Bench:
                 raise RuntimeError("flash_attn import failed: %s" % self.ours_error)
             f = self.ours
             return contextlib.nullcontext, (lambda q, k, v: f(q, k, v, causal=causal))
-        if backend in SDPA_BACKEND_NAMES:
+        if backend in SDPA_BACKEND_NAMES or backend == "sdpa_ours":
             if self.sdpa_kernel is None:
                 raise RuntimeError("torch.nn.attention.sdpa_kernel not available in this torch")
-            be = getattr(self.SDPBackend, SDPA_BACKEND_NAMES[backend])
+            be = getattr(self.SDPBackend, SDPA_BACKEND_NAMES.get(backend, "FLASH_ATTENTION"))
             sdpa_causal = causal and seqlen_q > 1
             if sdpa_causal and seqlen_q != seqlen_k:
                 raise RuntimeError("SDPA is_causal is top-left aligned; only seqlen_q == seqlen_k compared")
@@ -386,6 +399,8 @@ class Bench:
                 return F.scaled_dot_product_attention(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                     is_causal=sdpa_causal, **kw)
+            if backend == "sdpa_ours":
+                return (lambda: _ours_behind_sdpa(self.sdpa_kernel([be]))), fn
             return (lambda: self.sdpa_kernel([be])), fn
         if backend == "naive":
             mask = None
@@ -728,7 +743,7 @@ def summarize(rows, args):
     for r in rows:
         by.setdefault((r["dtype"], r["causal"], r["headdim"], r["seqlen_q"]), {})[r["backend"]] = r
     summary = {}
-    for other in [b for b in ("flash", "cudnn") if b in args.backends]:
+    for other in [b for b in ("sdpa_ours", "flash", "cudnn") if b in args.backends]:
         if "ours" not in args.backends:
             break
         groups = {}
@@ -1027,7 +1042,7 @@ def plot_grid(path, rows, args, title=""):
     dims = list(args.headdims)
     fig, axes = plt.subplots(len(panels), len(dims), figsize=(4.6 * len(dims), 3.2 * len(panels)),
                              squeeze=False)
-    colors = {"ours": "tab:red", "flash": "tab:blue", "cudnn": "tab:green",
+    colors = {"ours": "tab:red", "sdpa_ours": "tab:purple", "flash": "tab:blue", "cudnn": "tab:green",
               "efficient": "tab:orange", "naive": "tab:gray"}
     for i, (dt, c, ph) in enumerate(panels):
         for j, d in enumerate(dims):

@@ -4,6 +4,13 @@ attn_implementation="flash_attention_2" (this package) and "sdpa", on a padded b
 max abs difference of the logits on the non-padded positions.
 
     python scripts/llama_flash_attention_2.py [--dtype bf16|fp16] [--padding right|left]
+    python scripts/llama_flash_attention_2.py --sdpa
+
+--sdpa instead runs attn_implementation="sdpa" with flash_attn.sdpa activated (this package's
+kernels behind F.scaled_dot_product_attention) and without, forward and backward (logits and the
+gradient of a cross-entropy loss with respect to the input embeddings), each against the same
+model in fp32, and passes when the activated run's error is at most 2x the other's (plus 1e-3 of
+the reference's scale); the profiler must show this package's kernels in both passes.
 
 Needs a CUDA GPU, transformers, and this flash_attn installed as a distribution named
 "flash-attn" >= 2.3.3 (transformers checks the package metadata, then imports flash_attn_func,
@@ -22,6 +29,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--padding", choices=["right", "left"], default="right")
+    p.add_argument("--sdpa", action="store_true", help="the flash_attn.sdpa activation check (above)")
     p.add_argument("--tol", type=float, default=None,
                    help="fail when the max abs logit diff exceeds this (default: 0.1 bf16, 0.02 fp16)")
     args = p.parse_args()
@@ -55,13 +63,16 @@ def main():
     base = LlamaForCausalLM(config).to(device="cuda", dtype=dtype).eval()
     state = base.state_dict()
 
-    def build(impl):
+    def build(impl, model_dtype=dtype):
         try:
-            m = LlamaForCausalLM._from_config(config, attn_implementation=impl, dtype=dtype)
+            m = LlamaForCausalLM._from_config(config, attn_implementation=impl, dtype=model_dtype)
         except TypeError:  # transformers 4.x spells it torch_dtype
-            m = LlamaForCausalLM._from_config(config, attn_implementation=impl, torch_dtype=dtype)
+            m = LlamaForCausalLM._from_config(config, attn_implementation=impl, torch_dtype=model_dtype)
         m.load_state_dict(state)
         return m.to("cuda").eval()
+
+    if args.sdpa:
+        sys.exit(sdpa_check(build, config, dtype))
 
     lengths = [64, 41, 17, 1]
     batch, seqlen = len(lengths), max(lengths)
@@ -100,6 +111,57 @@ def main():
     ok = diff <= tol
     print("PASS" if ok else f"FAIL (tolerance {tol})")
     sys.exit(0 if ok else 1)
+
+
+def sdpa_check(build, config, dtype):
+    """0 when flash_attn.sdpa's kernels serve transformers' "sdpa" Llama within the 2x rule."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from flash_attn import sdpa
+
+    torch.manual_seed(1)
+    batch, seqlen = 2, 256
+    input_ids = torch.randint(1, config.vocab_size, (batch, seqlen), device="cuda")
+    labels = torch.randint(1, config.vocab_size, (batch, seqlen), device="cuda")
+
+    def run(model_dtype, activated):
+        model = build("sdpa", model_dtype)
+        embeds = model.get_input_embeddings()(input_ids).detach().requires_grad_()
+        if activated:
+            sdpa.activate()
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                logits = model(inputs_embeds=embeds).logits
+                torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten()).backward()
+                torch.cuda.synchronize()
+        finally:
+            if activated:
+                sdpa.deactivate()
+        kernels = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+        return logits.detach().float(), embeds.grad.float(), kernels
+
+    ref_logits, ref_grad, _ = run(torch.float32, False)
+    base_logits, base_grad, base_kernels = run(dtype, False)
+    ours_logits, ours_grad, ours_kernels = run(dtype, True)
+    ours_fwd = sorted(k for k in ours_kernels if "flash" in k and "fwd" in k and "pytorch_flash" not in k)
+    ours_bwd = sorted(k for k in ours_kernels if "flash" in k and "bwd" in k and "pytorch_flash" not in k)
+    ok = bool(ours_fwd and ours_bwd)
+    print(f"activated: {len(ours_fwd)} forward and {len(ours_bwd)} backward kernels of this package, e.g.")
+    for name in (ours_fwd[:1] + ours_bwd[:1]):
+        print(f"  {name[:150]}")
+    print("not activated, attention kernels:", sorted(k[:80] for k in base_kernels if "flash" in k or "fmha" in k
+                                                    or "attention" in k.lower())[:3])
+    for what, ref, base, ours in (("logits", ref_logits, base_logits, ours_logits),
+                                  ("d(input embeddings)", ref_grad, base_grad, ours_grad)):
+        err_base = (base - ref).abs().max().item()
+        err_ours = (ours - ref).abs().max().item()
+        bound = 2 * err_base + 1e-3 * ref.abs().max().item()
+        good = err_ours <= bound and err_ours == err_ours
+        ok &= good
+        print(f"{what}: max abs error vs fp32, activated {err_ours:.4g}, torch's kernels {err_base:.4g} "
+              f"(bound {bound:.4g}) {'ok' if good else 'FAIL'}")
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
