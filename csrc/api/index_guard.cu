@@ -16,7 +16,6 @@ namespace flash {
 namespace {
 
 constexpr int kGuardThreads = 256;
-constexpr int kGuardWarps = kGuardThreads / 32;
 constexpr int kMaxGuardBlocks = 64;
 
 // Errors are ordered by (code, sequence, column), the order in which the host checks report them
@@ -75,17 +74,36 @@ __device__ __forceinline__ int key_index(unsigned long long key) { return static
 __device__ __forceinline__ int key_code(unsigned long long key) { return static_cast<int>(key >> 58); }
 __device__ __forceinline__ int key_column(unsigned long long key) { return static_cast<int>(key & 0x7fffffffu); }
 
-// Pages [0, ceil(rows / page_block_size)) of one block-table row in [0, num_blocks): one warp per
-// row, lanes over its columns.
-__device__ void check_pages(const PagedKeys &p, int row, long long rows_used, int code,
-                            unsigned long long *block_error) {
+// Pages [0, ceil(rows_used(i) / page_block_size)) of every block-table row i < b in [0, num_blocks).
+// The rows' entries are spread over every thread of the grid with kPageLoads loads in flight per
+// thread: a long cache's row (128k keys in 16-row pages: 8192 entries) read a warp-step at a time
+// would take longer than the attention that follows.
+constexpr int kPageLoads = 4;
+template <typename RowsUsed>
+__device__ void check_pages(const PagedKeys &p, int b, RowsUsed rows_used, int code, unsigned long long *block_error) {
     const long long rows = (long long)p.cols * p.page_block_size;
-    const long long capped = rows_used < 0 ? 0 : (rows_used > rows ? rows : rows_used);
-    const int need = static_cast<int>((capped + p.page_block_size - 1) / p.page_block_size);
-    const int *entries = p.block_table + row * p.stride;
-    for (int c = threadIdx.x % 32; c < need; c += 32) {
-        const int e = entries[c];
-        if (e < 0 || e >= p.num_blocks) atomicMin(block_error, error_key(row, code, c));
+    const int64_t total = int64_t(b) * p.cols, n_threads = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; first < total; first += n_threads * kPageLoads) {
+        int entry[kPageLoads], row[kPageLoads], col[kPageLoads];
+        bool used[kPageLoads];
+#pragma unroll
+        for (int u = 0; u < kPageLoads; ++u) {
+            const int64_t j = first + u * n_threads;
+            row[u] = static_cast<int>(j / p.cols), col[u] = static_cast<int>(j % p.cols);
+            used[u] = false;
+            if (j < total) {
+                const long long r = rows_used(row[u]);
+                const long long capped = r < 0 ? 0 : (r > rows ? rows : r);
+                used[u] = col[u] < (capped + p.page_block_size - 1) / p.page_block_size;
+            }
+            entry[u] = used[u] ? p.block_table[row[u] * p.stride + col[u]] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < kPageLoads; ++u) {
+            if (used[u] && (entry[u] < 0 || entry[u] >= p.num_blocks)) {
+                atomicMin(block_error, error_key(row[u], code, col[u]));
+            }
+        }
     }
 }
 
@@ -117,10 +135,8 @@ __global__ void __launch_bounds__(kGuardThreads) kvcache_guard_kernel(const Kvca
         if (code != kIndexOk) atomicMin(&block_error, error_key(i, code, 0));
     }
     if (a.pages.block_table != nullptr) {
-        const int warp = blockIdx.x * kGuardWarps + threadIdx.x / 32, n_warps = gridDim.x * kGuardWarps;
-        for (int i = warp; i < a.b; i += n_warps) {
-            check_pages(a.pages, i, (long long)seqlen_of(i) + a.seqlen_new, kBlockTableRange, &block_error);
-        }
+        check_pages(a.pages, a.b, [&](int i) { return (long long)seqlen_of(i) + a.seqlen_new; }, kBlockTableRange,
+                    &block_error);
     }
     if (!combine_and_elect_last(block_error, scratch)) return;
 
@@ -188,11 +204,8 @@ __global__ void __launch_bounds__(kGuardThreads) varlen_guard_kernel(const Varle
         }
     }
     if (a.pages.block_table != nullptr) {
-        const int warp = blockIdx.x * kGuardWarps + threadIdx.x / 32, n_warps = gridDim.x * kGuardWarps;
-        for (int i = warp; i < a.b; i += n_warps) {
-            check_pages(a.pages, i, (long long)a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i], kVarlenBlockTableRange,
-                        &block_error);
-        }
+        check_pages(a.pages, a.b, [&](int i) { return (long long)a.cu_seqlens_k[i + 1] - a.cu_seqlens_k[i]; },
+                    kVarlenBlockTableRange, &block_error);
     }
     if (!combine_and_elect_last(block_error, scratch)) return;
 
@@ -231,11 +244,12 @@ __global__ void __launch_bounds__(kGuardThreads) varlen_guard_kernel(const Varle
     }
 }
 
-// One block unless the batch is large: a block's 8 warps read 8 block-table rows at a time.
-int guard_blocks(int b, bool paged) {
-    if (b <= (paged ? 64 : 4 * kGuardThreads)) return 1;
-    const int blocks = (b + (paged ? 8 * kGuardWarps : kGuardThreads) - 1) / (paged ? 8 * kGuardWarps : kGuardThreads);
-    return blocks > kMaxGuardBlocks ? kMaxGuardBlocks : blocks;
+// One block unless there is much to read: up to 4 sequences (or, paged, 16 block-table entries)
+// per thread. A grid of several blocks needs its scratch zeroed first (one memset).
+int guard_blocks(int b, const PagedKeys &pages) {
+    const int64_t work = pages.block_table != nullptr ? int64_t(b) * pages.cols / 16 : int64_t(b) / 4;
+    const int64_t blocks = (work + kGuardThreads - 1) / kGuardThreads;
+    return blocks <= 1 ? 1 : (blocks > kMaxGuardBlocks ? kMaxGuardBlocks : static_cast<int>(blocks));
 }
 
 // The grid scratch sits after the outputs, 8-byte aligned; the caller's buffer has room for it.
@@ -318,7 +332,7 @@ IndexErrorRecord *index_error_record_if_allocated() { return g_record.load(); }
 void guard_kvcache_indices(const KvcacheGuardArgs &args, cudaStream_t stream) {
     IndexErrorRecord *record = index_error_record();
     GuardScratch *scratch = scratch_after(args.safe, 1 + 4 * int64_t(args.b));
-    const int blocks = guard_blocks(args.b, args.pages.block_table != nullptr);
+    const int blocks = guard_blocks(args.b, args.pages);
     if (blocks > 1) FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
     kvcache_guard_kernel<<<blocks, kGuardThreads, 0, stream>>>(args, scratch, record);
     FLASH_CHECK_LAUNCH();
@@ -327,7 +341,7 @@ void guard_kvcache_indices(const KvcacheGuardArgs &args, cudaStream_t stream) {
 void guard_varlen_indices(const VarlenGuardArgs &args, cudaStream_t stream) {
     IndexErrorRecord *record = index_error_record();
     GuardScratch *scratch = scratch_after(args.safe, 1 + 2 * (int64_t(args.b) + 1));
-    const int blocks = guard_blocks(args.b, args.pages.block_table != nullptr);
+    const int blocks = guard_blocks(args.b, args.pages);
     if (blocks > 1) FLASH_CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(GuardScratch), stream));
     varlen_guard_kernel<<<blocks, kGuardThreads, 0, stream>>>(args, scratch, record);
     FLASH_CHECK_LAUNCH();
