@@ -132,31 +132,25 @@ struct OnlineSoftmax {
                                                   float sink = -INFINITY) {
         RowTensor lse;
         Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
-        if (sink == -INFINITY) {
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                const float sum = quad_allreduce(row_sum(mi), SumOp{});
-                const bool empty = sum == 0.f || sum != sum;
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            const float sum = quad_allreduce(row_sum(mi), SumOp{});
+            const bool empty = sum == 0.f || sum != sum;
+            float factor;
+            if (sink == -INFINITY) {
                 lse(mi) = empty ? INFINITY : row_max(mi) * scale + __logf(sum);
-                const float inv_sum = empty ? 1.f : o_scale / sum;
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= inv_sum; }
-            }
-        } else {
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                const float sum = quad_allreduce(row_sum(mi), SumOp{});
-                const bool empty = sum == 0.f || sum != sum;
+                factor = empty ? 1.f : o_scale / sum;
+            } else {
                 const float m = empty ? -INFINITY : row_max(mi) * scale;
                 const float m_all = fmaxf(m, sink);
                 const float kept = empty ? 0.f : __expf(m - m_all);
                 const float denom = sum * kept + __expf(sink - m_all);
                 lse(mi) = m_all + __logf(denom);
                 // Empty rows: acc_o is 0 already (no P V term), and stays so.
-                const float factor = empty ? 1.f : o_scale * kept / denom;
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= factor; }
+                factor = empty ? 1.f : o_scale * kept / denom;
             }
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= factor; }
         }
         return lse;
     }
