@@ -297,6 +297,36 @@ def check_alibi(alibi_slopes, batch_size, nheads, device):
         )
 
 
+_SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_learnable_sink(learnable_sink, nheads, device):
+    """learnable_sink: None, or one logit per query head, (nheads,) fp32 / bf16 / fp16 on q's
+    device (its values may be anything, -inf included)."""
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise FlashAttnTypeError(
+            f"flash_attn: learnable_sink must be a torch.Tensor or None, got "
+            f"{type(learnable_sink).__name__}"
+        )
+    if learnable_sink.dtype not in _SINK_DTYPES:
+        raise FlashAttnTypeError(
+            f"flash_attn: learnable_sink must have dtype torch.float32, torch.bfloat16 or "
+            f"torch.float16, got {learnable_sink.dtype}"
+        )
+    if tuple(learnable_sink.shape) != (nheads,):
+        raise FlashAttnValueError(
+            f"flash_attn: learnable_sink must have shape (nheads,) = ({nheads},), got "
+            f"{fmt_shape(learnable_sink)}"
+        )
+    if learnable_sink.device != device:
+        raise FlashAttnValueError(
+            f"flash_attn: learnable_sink is on device {learnable_sink.device} but q is on device "
+            f"{device}"
+        )
+
+
 def check_packed(x, name, dims, n, shape_doc):
     """A packed argument (qkv, kv): a tensor of dims dimensions stacking n tensors at dim -3."""
     if not isinstance(x, torch.Tensor):

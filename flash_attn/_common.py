@@ -219,14 +219,20 @@ def fake_forward_outputs(q, lse_shape, return_softmax, batch_size, seqlen_q, seq
     return out, softmax_lse, S_dmask, rng_state
 
 
+def sink_kwargs(learnable_sink):
+    """The keyword the ops and the extension take the learnable sink by, only when there is one
+    (calls without a sink are the upstream calls, argument for argument)."""
+    return {} if learnable_sink is None else {"learnable_sink": learnable_sink}
+
+
 def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scale, causal,
                    window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad,
-                   packed=0, saved_index=(), **op_kwargs):
+                   packed=0, saved_index=(), learnable_sink=None, **op_kwargs):
     """The forward of every autograd Function: pad the head dim, run forward_fn (the op, called
     as forward_fn(q, k, v, *index_args, dropout_p, softmax_scale, ...)), save for backward.
     q, k, v are unpacked (views into a packed tensor are fine); packed: how the Function got
     them (see attention_grads).  The saved tensors are (q, k, v, out, softmax_lse,
-    *saved_index, rng_state), all padded."""
+    *saved_index, [learnable_sink,] rng_state), all padded."""
     head_size_og = q.shape[-1]
     softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
     q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
@@ -234,9 +240,13 @@ def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scal
         q, k, v, *index_args, dropout_p, softmax_scale, causal=causal,
         window_size_left=window_size[0], window_size_right=window_size[1], softcap=softcap,
         alibi_slopes=alibi_slopes, return_softmax=return_softmax and dropout_p > 0, **op_kwargs,
+        **sink_kwargs(learnable_sink),
     )
     if is_grad:
-        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, *saved_index, rng_state)
+        sink_saved = () if learnable_sink is None else (learnable_sink,)
+        ctx.save_for_backward(q, k, v, out_padded, softmax_lse, *saved_index, *sink_saved,
+                              rng_state)
+        ctx.has_sink = learnable_sink is not None
         ctx.dropout_p = dropout_p
         ctx.softmax_scale = softmax_scale
         ctx.causal = causal
@@ -253,15 +263,55 @@ def padded_backward(ctx, backward_fn, dout, dq, dk, dv, index_args=()):
     """The backward of every autograd Function (see padded_forward): runs backward_fn, which
     writes the padded gradients into dq, dk, dv (which may be views into one packed gradient),
     called as backward_fn(dout, q, k, v, out, softmax_lse, dq, dk, dv, *index_args, dropout_p,
-    ...)."""
+    ...).  Returns what backward_fn does: softmax_d, rowsum(dO * O) per row."""
     saved = ctx.saved_tensors
     q, k, v, out, softmax_lse, rng_state = saved[:5] + saved[-1:]
-    backward_fn(
+    return backward_fn(
         _pad_to_multiple_of_8(dout, dout.shape[-1]), q, k, v, out, softmax_lse, dq, dk, dv,
         *index_args, ctx.dropout_p, ctx.softmax_scale, ctx.causal, ctx.window_size[0],
         ctx.window_size[1], ctx.softcap, ctx.alibi_slopes, ctx.deterministic,
         rng_state=rng_state,
     )
+
+
+def saved_sink(ctx):
+    """The learnable sink padded_forward saved (None without one)."""
+    return ctx.saved_tensors[-2] if ctx.has_sink else None
+
+
+def _sink_grad_rows(learnable_sink, softmax_lse, row_d, head_shape):
+    """-sum over rows of exp(sink[h] - lse) * D: softmax_lse and row_d hold the same rows, the
+    sink broadcast to them as head_shape."""
+    p_sink = torch.exp(learnable_sink.float().view(head_shape) - softmax_lse)
+    return -(p_sink * row_d).sum(dim=[i for i in range(softmax_lse.dim()) if head_shape[i] == 1])
+
+
+def learnable_sink_grad(learnable_sink, softmax_lse, softmax_d):
+    """The gradient of the learnable sink of a dense call from the forward's softmax_lse (b, h,
+    seqlen_q), sink included, and the backward's softmax_d (b, h, round128(seqlen_q)) =
+    rowsum(dO * O): the sink's probability in row r is exp(sink[h] - lse[r]) and carries no
+    value, so dsink[h] = -sum_r exp(sink[h] - lse[r]) D[r].  In the sink's dtype."""
+    seqlen_q = softmax_lse.shape[-1]
+    grad = _sink_grad_rows(learnable_sink, softmax_lse, softmax_d[..., :seqlen_q], (1, -1, 1))
+    return grad.to(learnable_sink.dtype)
+
+
+def learnable_sink_grad_varlen(learnable_sink, softmax_lse, softmax_d, cu_seqlens_q):
+    """As learnable_sink_grad for a varlen call: softmax_lse (h, total_q) holds row r of
+    sequence b at column r; softmax_d (h, total_q + 128 * batch_size) at column r + 128 b
+    (api/varlen.cpp).  Rows past cu_seqlens_q[-1] belong to no sequence and are left out."""
+    total_q = softmax_lse.shape[-1]
+    batch_size = cu_seqlens_q.shape[0] - 1
+    rows = torch.arange(total_q, device=softmax_lse.device, dtype=torch.int32)
+    # Sequence of row r: the number of sequence ends <= r (empty sequences end where they start).
+    seq = torch.searchsorted(cu_seqlens_q[1:].to(torch.int32).contiguous(), rows, right=True)
+    in_seq = seq < batch_size
+    cols = torch.where(in_seq, rows.long() + 128 * seq.long(), torch.zeros_like(seq, dtype=torch.long))
+    row_d = torch.where(in_seq, softmax_d.index_select(-1, cols), torch.zeros((), device=softmax_d.device))
+    # A tail row's lse is +inf (exp(sink - inf) = 0) but a -inf sink would make it NaN: mask both.
+    lse = torch.where(in_seq, softmax_lse, torch.zeros((), device=softmax_lse.device))
+    grad = _sink_grad_rows(learnable_sink, lse, row_d, (-1, 1))
+    return grad.to(learnable_sink.dtype)
 
 
 def split_inputs(inputs):
@@ -283,22 +333,24 @@ def _empty_packed(x, n):
 def attention_grads(ctx, dout, run_backward):
     """The gradients an autograd Function returns, its tensor inputs' cut back to the head dim
     the caller passed: (dqkv,) for one packed qkv (ctx.packed == 3), (dq, dkv) for q and a
-    packed kv (2), else (dq, dk, dv); None for every other input.  run_backward(ctx, dout, dq,
-    dk, dv) writes them (through views for the packed ones)."""
+    packed kv (2), else (dq, dk, dv); the learnable sink's for the Function's last input; None
+    for every other input.  run_backward(ctx, dout, dq, dk, dv) writes them (through views for
+    the packed ones) and returns the sink's gradient (None without a sink)."""
     q, k, v = ctx.saved_tensors[:3]
     if ctx.packed == 3:
         dqkv = _empty_packed(q, 3)
-        run_backward(ctx, dout, *dqkv.unbind(-3))
+        dsink = run_backward(ctx, dout, *dqkv.unbind(-3))
         grads = (dqkv,)
     elif ctx.packed == 2:
         dq, dkv = torch.empty_like(q), _empty_packed(k, 2)
-        run_backward(ctx, dout, dq, *dkv.unbind(-3))
+        dsink = run_backward(ctx, dout, dq, *dkv.unbind(-3))
         grads = (dq, dkv)
     else:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-        run_backward(ctx, dout, *grads)
+        dsink = run_backward(ctx, dout, *grads)
     d = dout.shape[-1]
-    return tuple(g[..., :d] for g in grads) + (None,) * (len(ctx.needs_input_grad) - len(grads))
+    rest = (None,) * (len(ctx.needs_input_grad) - len(grads) - 1) + (dsink,)
+    return tuple(g[..., :d] for g in grads) + rest
 
 
 def attention_function(run_backward):

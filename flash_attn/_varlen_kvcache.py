@@ -263,10 +263,12 @@ def _flash_attn_varlen_forward(
     leftpad_k: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
     zero_tensors: bool = False,
+    learnable_sink: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_dropout_softcap(dropout_p, softcap)
     _check_return_softmax(return_softmax, dropout_p)
     _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+    _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
@@ -280,15 +282,16 @@ def _flash_attn_varlen_forward(
     out, softmax_lse, S_dmask, rng_state = ext.varlen_fwd(
         q, k, v, None, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr, softcap,
-        alibi_slopes, dropout_p, return_softmax,
+        alibi_slopes, dropout_p, return_softmax, **_common.sink_kwargs(learnable_sink),
     )
     return out, softmax_lse, S_dmask, rng_state
 
 
 @_common.register_fake_for("flash_attn::_flash_attn_varlen_forward", _flash_attn_varlen_forward)
 def _flash_attn_varlen_forward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
-                                    softcap, return_softmax, **_):
+                                    softcap, return_softmax, learnable_sink, **_):
     _check_dropout_softcap(dropout_p, softcap)
+    _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     _check_return_softmax(return_softmax, dropout_p)
     max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
@@ -354,7 +357,8 @@ _wrapped_flash_attn_varlen_backward = _common.registered_op("_flash_attn_varlen_
 
 def _varlen_forward(ctx, inputs, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                    deterministic, return_softmax, block_table, is_grad_enabled):
+                    deterministic, return_softmax, block_table, is_grad_enabled,
+                    learnable_sink=None):
     """The forward every varlen autograd Function shares.  inputs: its tensor inputs, (q, k, v),
     (q, kv) or (qkv,) (then cu_seqlens_q is cu_seqlens_k and max_seqlen_q max_seqlen_k):
     checked (_check_varlen_inputs) and unpacked, then _common.padded_forward."""
@@ -374,14 +378,17 @@ def _varlen_forward(ctx, inputs, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         softcap, alibi_slopes, deterministic, block_table=block_table, names=names,
         softmax_scale=softmax_scale, causal=causal, return_attn_probs=return_softmax,
         max_names=max_names)
-    is_grad = is_grad_enabled and any(x.requires_grad for x in inputs)
+    _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
+    is_grad = is_grad_enabled and (any(x.requires_grad for x in inputs) or (
+        learnable_sink is not None and learnable_sink.requires_grad))
     # Whether the op checks the values of cu_seqlens now: then the backward need not again.
     values_checked = is_grad and _checks.value_checks_apply(cu_seqlens_q, cu_seqlens_k)
     result = _common.padded_forward(
         ctx, _wrapped_flash_attn_varlen_forward, q, k, v,
         (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic, return_softmax, is_grad, packed,
-        saved_index=(cu_seqlens_q, cu_seqlens_k), block_table=block_table)
+        saved_index=(cu_seqlens_q, cu_seqlens_k), learnable_sink=learnable_sink,
+        block_table=block_table)
     if is_grad:
         ctx.max_seqlen_q = max_seqlen_q
         ctx.max_seqlen_k = max_seqlen_k
@@ -393,7 +400,8 @@ def _varlen_forward(ctx, inputs, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 
 def _varlen_backward(ctx, dout, dq, dk, dv):
-    """The backward every varlen autograd Function shares (see _common.padded_backward)."""
+    """The backward every varlen autograd Function shares (see _common.padded_backward); returns
+    the learnable sink's gradient (None without a sink)."""
     if ctx.paged:
         raise NotImplementedError(
             "flash_attn: the backward pass of flash_attn_varlen_func with block_table (paged KV) "
@@ -406,8 +414,13 @@ def _varlen_backward(ctx, dout, dq, dk, dv):
     trusted = checked is not None and None not in checked and checked == (
         _checks.tensor_version(cu_seqlens_q), _checks.tensor_version(cu_seqlens_k))
     with _checks.trusted_values() if trusted else contextlib.nullcontext():
-        _common.padded_backward(ctx, _wrapped_flash_attn_varlen_backward, dout, dq, dk, dv,
-                                (cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k))
+        softmax_d = _common.padded_backward(
+            ctx, _wrapped_flash_attn_varlen_backward, dout, dq, dk, dv,
+            (cu_seqlens_q, cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k))
+    sink = _common.saved_sink(ctx)
+    if sink is None or not ctx.needs_input_grad[-1]:
+        return None
+    return _common.learnable_sink_grad_varlen(sink, ctx.saved_tensors[4], softmax_d, cu_seqlens_q)
 
 
 _VarlenAttnFunc = _common.attention_function(_varlen_backward)
@@ -416,32 +429,34 @@ _VarlenAttnFunc = _common.attention_function(_varlen_backward)
 class FlashAttnVarlenQKVPackedFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
-                softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+                softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled,
+                learnable_sink=None):
         return _varlen_forward(ctx, (qkv,), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                dropout_p, softmax_scale, causal, window_size, softcap,
-                               alibi_slopes, deterministic, return_softmax, None, is_grad_enabled)
+                               alibi_slopes, deterministic, return_softmax, None, is_grad_enabled,
+                               learnable_sink)
 
 
 class FlashAttnVarlenKVPackedFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                return_softmax, is_grad_enabled):
+                return_softmax, is_grad_enabled, learnable_sink=None):
         return _varlen_forward(ctx, (q, kv), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                softcap, alibi_slopes, deterministic, return_softmax, None,
-                               is_grad_enabled)
+                               is_grad_enabled, learnable_sink)
 
 
 class FlashAttnVarlenFunc(_VarlenAttnFunc):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                 softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                return_softmax, block_table, is_grad_enabled):
+                return_softmax, block_table, is_grad_enabled, learnable_sink=None):
         return _varlen_forward(ctx, (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                softcap, alibi_slopes, deterministic, return_softmax, block_table,
-                               is_grad_enabled)
+                               is_grad_enabled, learnable_sink)
 
 
 # ---------------------------------------------------------------------------------------
@@ -452,23 +467,24 @@ class FlashAttnVarlenFunc(_VarlenAttnFunc):
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, *, learnable_sink=None):
     """Attention on a packed variable-length batch with Q, K, V stacked: qkv (total, 3, nheads,
     headdim); cu_seqlens int32 (batch_size + 1,); max_seqlen the longest sequence (a Python int).
     Sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1]; causal masks and windows apply within
     each sequence. Returns out (total, nheads, headdim) [, softmax_lse (nheads, total), S_dmask].
     Rows past cu_seqlens[-1] get zeros. dropout_p, softcap, alibi_slopes, deterministic and
-    return_attn_probs as flash_attn_func / flash_attn_varlen_func."""
+    return_attn_probs and learnable_sink as flash_attn_func / flash_attn_varlen_func."""
     return FlashAttnVarlenQKVPackedFunc.apply(
         qkv, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size, softcap,
-        alibi_slopes, deterministic, return_attn_probs, torch.is_grad_enabled(),
+        alibi_slopes, deterministic, return_attn_probs, torch.is_grad_enabled(), learnable_sink,
     )
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     dropout_p=0.0, softmax_scale=None, causal=False,
                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                    deterministic=False, return_attn_probs=False):
+                                    deterministic=False, return_attn_probs=False, *,
+                                    learnable_sink=None):
     """Variable-length attention with K and V stacked: q (total_q, nheads, headdim), kv
     (total_k, 2, nheads_k, headdim). MQA/GQA when nheads_k divides nheads. Causal is aligned to
     the bottom-right corner of each sequence's own (seqlen_q, seqlen_k) block. See
@@ -476,14 +492,14 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return FlashAttnVarlenKVPackedFunc.apply(
         q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-        torch.is_grad_enabled(),
+        torch.is_grad_enabled(), learnable_sink,
     )
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None):
+                           return_attn_probs=False, block_table=None, *, learnable_sink=None):
     """Attention on a packed variable-length batch.
 
     Arguments:
@@ -506,14 +522,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return_attn_probs: also return softmax_lse and S_dmask (testing only): with dropout,
             (batch_size, nheads, round128(max_seqlen_q), round128(max_seqlen_k)) holding row i /
             column j of sequence b's own block, dropped elements negated; else empty.
+        learnable_sink (keyword only): (nheads,) fp32 / bf16 / fp16 attention-sink logits, as
+            flash_attn_func.
     Returns out (total_q, nheads, headdim) [, softmax_lse (nheads, total_q) fp32, S_dmask].
     Rows past cu_seqlens_q[-1] get zeros (and zero gradients); a query row that sees no key gets
-    out = 0 and lse = +inf.
+    out = 0 and lse = +inf (the sink's logit with learnable_sink).
     """
     return FlashAttnVarlenFunc.apply(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
         causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
-        torch.is_grad_enabled(),
+        torch.is_grad_enabled(), learnable_sink,
     )
 
 
@@ -562,6 +580,7 @@ def _kvcache_impl(
     num_splits: int,
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
+    learnable_sink: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     b, seqlen_q = q.shape[0], q.shape[1]
     # Everything that can fail runs before the append below (a rejected call changes nothing):
@@ -624,6 +643,7 @@ def _kvcache_impl(
     out, softmax_lse = ext.fwd_kvcache(
         q, kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table, softmax_scale, causal,
         window_size_left, window_size_right, num_splits, softcap, alibi_slopes,
+        **_common.sink_kwargs(learnable_sink),
     )
     if out.shape[-1] != head_size_og:
         out = out[..., :head_size_og].contiguous()
@@ -653,7 +673,7 @@ else:
 def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                           cache_batch_idx, cache_leftpad, block_table, window_size, softcap,
                           alibi_slopes, num_splits, softmax_scale=None, causal=False,
-                          rotary_interleaved=True, return_softmax_lse=False):
+                          rotary_interleaved=True, return_softmax_lse=False, learnable_sink=None):
     """Validate flash_attn_with_kvcache's arguments, all before anything is written: metadata,
     the scalar arguments, and the values of the index tensors (flash_attn._checks; see
     set_strict_checks).  Returns the normalised arguments: (cache_seqlens (an int becomes a
@@ -781,6 +801,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
     num_splits = _checks.num_splits_arg(num_splits)
     return_softmax_lse = _checks.as_bool(return_softmax_lse, "return_softmax_lse")
     _check_alibi(alibi_slopes, b, nheads, q.device)
+    _checks.check_learnable_sink(learnable_sink, nheads, q.device)
     _check_cache_layout(k_cache, "k_cache")
     _check_cache_layout(v_cache, "v_cache")
     if seqlens_int is not None:
@@ -844,6 +865,8 @@ def flash_attn_with_kvcache(
     alibi_slopes=None,
     num_splits=0,
     return_softmax_lse=False,
+    *,
+    learnable_sink=None,
 ):
     """Attention of q against a KV cache, for incremental decoding (no backward).
 
@@ -873,6 +896,9 @@ def flash_attn_with_kvcache(
         num_splits: split the keys into this many chunks (more CTAs for long caches);
             0 = heuristic, 1 = no split.
         return_softmax_lse: also return the (batch_size, nheads, seqlen) fp32 logsumexp.
+        learnable_sink (keyword only): (nheads,) fp32 / bf16 / fp16 attention-sink logits, as
+            flash_attn_func (the logsumexp includes the sink; a row with no key gets out = 0
+            and lse = sink).
         softcap: > 0 turns softcapping on, as flash_attn_func.
         alibi_slopes: (nheads,) or (batch_size, nheads) fp32: bias -slope * |i + seqlen_k -
             seqlen_q - j| with seqlen_k the sequence's keys after the append (from its
@@ -890,7 +916,7 @@ def flash_attn_with_kvcache(
      num_splits, return_softmax_lse) = _check_kvcache_inputs(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
         cache_leftpad, block_table, window_size, softcap, alibi_slopes, num_splits,
-        softmax_scale, causal, rotary_interleaved, return_softmax_lse)
+        softmax_scale, causal, rotary_interleaved, return_softmax_lse, learnable_sink)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     softmax_scale = _default_softmax_scale(softmax_scale, q.shape[-1])
     # Eager calls go straight to the implementation: decode steps are tens of microseconds, and
@@ -906,5 +932,6 @@ def flash_attn_with_kvcache(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
             cache_leftpad, block_table, softmax_scale, causal, window_size[0], window_size[1],
             rotary_interleaved, num_splits, softcap, alibi_slopes,
+            **_common.sink_kwargs(learnable_sink),
         )
     return (out, softmax_lse) if return_softmax_lse else out

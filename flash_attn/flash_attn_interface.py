@@ -263,11 +263,14 @@ def _flash_attn_forward_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
     causal: bool, window_size_left: int, window_size_right: int, softcap: float,
     alibi_slopes: Optional[torch.Tensor], return_softmax: bool,
+    learnable_sink: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward op (flash_attn::_flash_attn_forward) as a plain function: eager CUDA calls
-    of the autograd Functions call it directly (see _eager_direct)."""
+    of the autograd Functions call it directly (see _eager_direct).  learnable_sink (beyond
+    upstream's arguments): see flash_attn_func; softmax_lse then includes the sink."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
+    _checks.check_learnable_sink(learnable_sink, q.shape[2], q.device)
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
                                         k.shape[1], alibi_slopes is not None)
     _check_return_softmax(return_softmax, dropout_p)
@@ -279,7 +282,7 @@ def _flash_attn_forward_impl(
     # rng_state: the Philox (seed, offset) of the dropout mask; zeros without dropout.
     out, softmax_lse, S_dmask, rng_state = ext.fwd(
         q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
-        return_softmax
+        return_softmax, **_common.sink_kwargs(learnable_sink)
     )
     return out, softmax_lse, S_dmask, rng_state
 
@@ -291,9 +294,10 @@ _flash_attn_forward = _torch_custom_op_wrapper(
 
 @_common.register_fake_for("flash_attn::_flash_attn_forward", _flash_attn_forward_impl)
 def _flash_attn_forward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
-                             softcap, alibi_slopes, return_softmax, **_):
+                             softcap, alibi_slopes, return_softmax, learnable_sink, **_):
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
+    _checks.check_learnable_sink(learnable_sink, q.shape[2], q.device)
     _check_return_softmax(return_softmax, dropout_p)
     batch_size, seqlen_q, num_heads, _ = q.shape
     return _common.fake_forward_outputs(q, (batch_size, num_heads, seqlen_q), return_softmax,
@@ -363,7 +367,8 @@ def _eager_direct(q):
 
 
 def _dense_forward(ctx, inputs, dropout_p, softmax_scale, causal, window_size, softcap,
-                   alibi_slopes, deterministic, return_softmax, is_grad_enabled):
+                   alibi_slopes, deterministic, return_softmax, is_grad_enabled,
+                   learnable_sink=None):
     """The forward every dense autograd Function shares.  inputs: its tensor inputs, (q, k, v),
     (q, kv) or (qkv,): checked (_check_inputs) and unpacked, then _common.padded_forward."""
     q, k, v, qkv, kv, packed = _common.split_inputs(inputs)
@@ -371,7 +376,11 @@ def _dense_forward(ctx, inputs, dropout_p, softmax_scale, causal, window_size, s
      return_softmax) = _check_inputs(q, k, v, dropout_p, causal, window_size, softcap,
                                      alibi_slopes, deterministic, qkv=qkv, kv=kv,
                                      softmax_scale=softmax_scale, return_softmax=return_softmax)
-    is_grad = is_grad_enabled and any(x.requires_grad for x in inputs)
+    nheads = (qkv.shape[3] if qkv is not None else q.shape[2])
+    _checks.check_learnable_sink(learnable_sink, nheads,
+                                 qkv.device if qkv is not None else q.device)
+    is_grad = is_grad_enabled and (any(x.requires_grad for x in inputs) or (
+        learnable_sink is not None and learnable_sink.requires_grad))
     if qkv is not None:
         q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
     elif kv is not None:
@@ -379,14 +388,20 @@ def _dense_forward(ctx, inputs, dropout_p, softmax_scale, causal, window_size, s
     forward_fn = _flash_attn_forward_impl if _eager_direct(q) else _wrapped_flash_attn_forward
     return _common.padded_forward(ctx, forward_fn, q, k, v, (), dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
-                                  return_softmax, is_grad, packed)
+                                  return_softmax, is_grad, packed,
+                                  learnable_sink=learnable_sink)
 
 
 def _dense_backward(ctx, dout, dq, dk, dv):
-    """The backward every dense autograd Function shares (see _common.padded_backward)."""
+    """The backward every dense autograd Function shares (see _common.padded_backward); returns
+    the learnable sink's gradient (None without a sink)."""
     q = ctx.saved_tensors[0]
     backward_fn = _flash_attn_backward_impl if _eager_direct(q) else _wrapped_flash_attn_backward
-    _common.padded_backward(ctx, backward_fn, dout, dq, dk, dv)
+    softmax_d = _common.padded_backward(ctx, backward_fn, dout, dq, dk, dv)
+    sink = _common.saved_sink(ctx)
+    if sink is None or not ctx.needs_input_grad[-1]:
+        return None
+    return _common.learnable_sink_grad(sink, ctx.saved_tensors[4], softmax_d)
 
 
 _DenseAttnFunc = _common.attention_function(_dense_backward)
@@ -395,25 +410,28 @@ _DenseAttnFunc = _common.attention_function(_dense_backward)
 class FlashAttnQKVPackedFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                deterministic, return_softmax, is_grad_enabled):
+                deterministic, return_softmax, is_grad_enabled, learnable_sink=None):
         return _dense_forward(ctx, (qkv,), dropout_p, softmax_scale, causal, window_size, softcap,
-                              alibi_slopes, deterministic, return_softmax, is_grad_enabled)
+                              alibi_slopes, deterministic, return_softmax, is_grad_enabled,
+                              learnable_sink)
 
 
 class FlashAttnKVPackedFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                deterministic, return_softmax, is_grad_enabled):
+                deterministic, return_softmax, is_grad_enabled, learnable_sink=None):
         return _dense_forward(ctx, (q, kv), dropout_p, softmax_scale, causal, window_size,
-                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled)
+                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled,
+                              learnable_sink)
 
 
 class FlashAttnFunc(_DenseAttnFunc):
     @staticmethod
     def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                deterministic, return_softmax, is_grad_enabled):
+                deterministic, return_softmax, is_grad_enabled, learnable_sink=None):
         return _dense_forward(ctx, (q, k, v), dropout_p, softmax_scale, causal, window_size,
-                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled)
+                              softcap, alibi_slopes, deterministic, return_softmax, is_grad_enabled,
+                              learnable_sink)
 
 
 # ---------------------------------------------------------------------------------------
@@ -434,7 +452,8 @@ _MASK_DOC = """
         1 1
     With window_size=(left, right), query i sees keys
     [i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right] (-1: unbounded side).
-    A query row that sees no key gets output 0 (and softmax_lse +inf).
+    A query row that sees no key gets output 0 (and softmax_lse +inf, or the sink's logit
+    with learnable_sink).
 """
 
 _COMMON_ARGS_DOC = """
@@ -456,11 +475,17 @@ _COMMON_ARGS_DOC = """
             slower and uses more memory; the forward pass is always deterministic.
         return_attn_probs: bool. Whether to also return softmax_lse and S_dmask; for testing
             only. S_dmask is an empty tensor unless dropout is on.
+        learnable_sink (keyword only): (nheads,) fp32, bf16 or fp16 on q's device, or None.
+            Attention sinks: each query row of head h gets one more logit sink[h], in the
+            units of the scaled scores (not scaled, softcapped or biased), that enters the
+            softmax denominator and carries no value, so
+            out = sum_j exp(s_j - lse) v_j with lse = log(exp(sink[h]) + sum_j exp(s_j)).
+            Differentiable (its gradient has its dtype).
     Return:
         out: (batch_size, seqlen, nheads, headdim).
         softmax_lse [if return_attn_probs=True]: (batch_size, nheads, seqlen), fp32. The
             logsumexp of each row of QK^T * softmax_scale (the log of the softmax
-            normalizer).
+            normalizer, the sink's term included).
         S_dmask [if return_attn_probs=True]: the attention probabilities with the dropout
             pattern encoded in the sign; an empty tensor when dropout_p == 0.
 """
@@ -468,10 +493,11 @@ _COMMON_ARGS_DOC = """
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                              deterministic=False, return_attn_probs=False):
+                              deterministic=False, return_attn_probs=False, *,
+                              learnable_sink=None):
     return FlashAttnQKVPackedFunc.apply(qkv, dropout_p, softmax_scale, causal, window_size,
                                         softcap, alibi_slopes, deterministic, return_attn_probs,
-                                        torch.is_grad_enabled())
+                                        torch.is_grad_enabled(), learnable_sink)
 
 
 flash_attn_qkvpacked_func.__doc__ = (
@@ -493,10 +519,11 @@ flash_attn_qkvpacked_func.__doc__ = (
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                             deterministic=False, return_attn_probs=False):
+                             deterministic=False, return_attn_probs=False, *,
+                             learnable_sink=None):
     return FlashAttnKVPackedFunc.apply(q, kv, dropout_p, softmax_scale, causal, window_size,
                                        softcap, alibi_slopes, deterministic, return_attn_probs,
-                                       torch.is_grad_enabled())
+                                       torch.is_grad_enabled(), learnable_sink)
 
 
 flash_attn_kvpacked_func.__doc__ = (
@@ -519,10 +546,11 @@ flash_attn_kvpacked_func.__doc__ = (
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                    *, learnable_sink=None):
     return FlashAttnFunc.apply(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                                alibi_slopes, deterministic, return_attn_probs,
-                               torch.is_grad_enabled())
+                               torch.is_grad_enabled(), learnable_sink)
 
 
 flash_attn_func.__doc__ = (

@@ -63,7 +63,8 @@ def alibi_bias(alibi_slopes, seqlen_q, seqlen_k, batch, nheads, device=None):
 
 
 def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_mask=None):
+                  softcap=0.0, alibi_slopes=None, dropout_p=0.0, dropout_mask=None,
+                  learnable_sink=None):
     """Naive attention softmax(score + mask) V with the flash_attn features.
 
     score = Q K^T * scale, then softcap * tanh(score / softcap) if softcap > 0, then the ALiBi
@@ -75,6 +76,11 @@ def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None, window
     upcast=True computes in fp32, upcast=False in the input dtype.  Returns
     (out in q's dtype, lse fp32 (b, h, sq)).  A query row that sees no key gets out = 0 and
     lse = +inf (the kernel's convention); no NaN is produced, in the forward or the backward.
+
+    learnable_sink (h,): one more logit per row of head h (after the scaling, softcap, ALiBi and
+    masks), in the softmax and not in the output: the column is appended, the softmax taken and
+    the column dropped; lse includes it, and a row with no visible key gets out 0, lse sink[h].
+    Differentiable in the sink.
     """
     dtype_og = q.dtype
     if upcast:
@@ -91,7 +97,14 @@ def attention_ref(q, k, v, causal=False, upcast=True, softmax_scale=None, window
     if alibi_slopes is not None:
         scores = scores + alibi_bias(alibi_slopes, sq, sk, b, h, device=q.device).to(scores.dtype)
     visible = local_visible(sq, sk, window_size, causal, device=q.device)
-    if visible is not None:
+    if learnable_sink is not None:
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+        sink = learnable_sink.to(scores.dtype).view(1, h, 1, 1).expand(b, h, sq, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+        lse = torch.logsumexp(scores.float(), dim=-1)
+        attn = torch.softmax(scores, dim=-1)[..., :-1]
+    elif visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
         row_valid = visible.any(dim=-1, keepdim=True)  # (sq, 1)
         lse = torch.logsumexp(scores.float(), dim=-1)
@@ -372,12 +385,53 @@ def scale_default(d):
 INT32_MAX = 2**31 - 1
 
 
+def with_sink(out, lse, learnable_sink, head_dim, valid_rows=None):
+    """out and lse of attention without a sink made those with the learnable sink (the kernels'
+    semantics): lse' = logaddexp(lse, sink[h]), out' = out exp(lse - lse'); a row with no key
+    (lse +inf) gets out 0 and lse sink[h].  lse: fp32 with heads at head_dim; out (..., h, d)
+    with the rows in lse's order after moving its head dim last.  valid_rows (a row count,
+    varlen): rows past it keep +inf and zeros."""
+    if learnable_sink is None:
+        return out, lse
+    shape = [1] * lse.dim()
+    shape[head_dim] = -1
+    sink = learnable_sink.float().view(shape).expand_as(lse)
+    empty = lse == float("inf")
+    new = torch.where(empty, sink, torch.logaddexp(torch.where(empty, sink, lse), sink))
+    factor = torch.where(empty, torch.zeros_like(lse), torch.exp(lse - new))
+    if valid_rows is not None:
+        tail = torch.arange(lse.shape[-1]) >= valid_rows
+        new = torch.where(tail, lse, new)
+    factor_rows = factor.movedim(head_dim, -1)  # (..., rows, h) as out's (..., h)
+    return (out.float() * factor_rows.unsqueeze(-1)).to(out.dtype), new
+
+
+def softmax_d_dense(dout, out):
+    """The backward's softmax_d of a dense call: rowsum(dO * O) as (b, h, round128(seqlen_q))."""
+    b, sq, h, _ = out.shape
+    d = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    return torch.nn.functional.pad(d, [0, (sq + 127) // 128 * 128 - sq])
+
+
+def softmax_d_varlen(dout, out, cu_q):
+    """The backward's softmax_d of a varlen call: (h, total_q + 128 b), row r of sequence b at
+    column r + 128 b, padding 0 (api/varlen.cpp)."""
+    total, h, _ = out.shape
+    c = cu_q.tolist()
+    rows = (dout.float() * out.float()).sum(-1).t()  # (h, total)
+    d = torch.zeros(h, total + 128 * (len(c) - 1))
+    for i in range(len(c) - 1):
+        d[:, c[i] + 128 * i: c[i + 1] + 128 * i] = rows[:, c[i]:c[i + 1]]
+    return d
+
+
 class CpuExt:
     """flash_attn._C's fwd / bwd / varlen_fwd / varlen_bwd / fwd_kvcache on CPU tensors, with the
     C++ signatures, computed by the fp32 references.  Every precondition the kernels have is an
     assert here (softmax_scale > 0, ints within int32, index values in range), so a test that
     installs it finds anything the Python layer lets through: an AssertionError is a check the
-    Python layer is missing."""
+    Python layer is missing.  The learnable sink enters out and lse (with_sink); the backward's
+    dq / dk / dv are those of the sink-free reference, its softmax_d is rowsum(dO * O)."""
 
     def __init__(self):
         self.calls = []
@@ -406,14 +460,22 @@ class CpuExt:
         assert total is None or c[-1] <= total, f"cu_seqlens ends at {c[-1]} > {total}"
         assert all(b - a <= max_len for a, b in zip(c, c[1:])), f"max_seqlen {max_len} < {c}"
 
+    @staticmethod
+    def _sink(learnable_sink, h):
+        if learnable_sink is not None:
+            assert learnable_sink.shape == (h,), f"learnable_sink shape {learnable_sink.shape}"
+            assert learnable_sink.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
     def fwd(self, q, k, v, out, softmax_scale, is_causal, wl, wr, softcap, alibi, dropout_p,
-            return_softmax):
+            return_softmax, learnable_sink=None):
         self._scale(softmax_scale)
         self._ints(wl, wr)
         self.calls.append(("fwd", softmax_scale))
         o, lse = attention_ref(q.float(), k.float(), v.float(), causal=is_causal,
                                softmax_scale=softmax_scale, window_size=(wl, wr),
                                softcap=softcap, alibi_slopes=alibi)
+        self._sink(learnable_sink, q.shape[2])
+        o, lse = with_sink(o, lse, learnable_sink, 1)
         b, sq, h, _ = q.shape
         r = lambda x: (x + 127) // 128 * 128  # noqa: E731
         s = (torch.zeros(b, h, r(sq), r(k.shape[1]), dtype=q.dtype) if return_softmax
@@ -433,8 +495,7 @@ class CpuExt:
         for dst, g in zip((dq, dk, dv), grads):
             if dst is not None:
                 dst.copy_(g)
-        b, sq, h, _ = q.shape
-        return dq, dk, dv, torch.empty(b, h, (sq + 127) // 128 * 128)
+        return dq, dk, dv, softmax_d_dense(dout, out)
 
     def _varlen_keys(self, k, v, cu_k, block_table):
         """Dense (total_k, hk, d) keys for a paged k/v, and the matching cu_seqlens_k."""
@@ -453,7 +514,7 @@ class CpuExt:
 
     def varlen_fwd(self, q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, max_q,
                    max_k, softmax_scale, zero_tensors, causal, wl, wr, softcap, alibi, dropout_p,
-                   return_softmax):
+                   return_softmax, learnable_sink=None):
         from test_varlen_kvcache import varlen_ref
 
         self._scale(softmax_scale)
@@ -464,6 +525,8 @@ class CpuExt:
         kd, vd = self._varlen_keys(k, v, cu_k, block_table)
         o, lse = varlen_ref(q, kd, vd, cu_q, cu_k, causal, (wl, wr), softmax_scale, True,
                             softcap, alibi)
+        self._sink(learnable_sink, q.shape[1])
+        o, lse = with_sink(o, lse, learnable_sink, 0, valid_rows=int(cu_q[-1]))
         b = cu_q.shape[0] - 1
         r = lambda x: (x + 127) // 128 * 128  # noqa: E731
         s = (torch.zeros(b, q.shape[1], r(max_q), r(max_k), dtype=q.dtype) if return_softmax
@@ -488,7 +551,7 @@ class CpuExt:
         for dst, g in zip((dq, dk, dv), grads):
             if dst is not None:
                 dst.copy_(g)
-        return dq, dk, dv, torch.empty(0)
+        return dq, dk, dv, softmax_d_varlen(dout, out, cu_q)
 
     def append_kv(self, k_cache, v_cache, k, v, cache_seqlens, batch_idx, block_table,
                   skip_flag):
@@ -516,7 +579,8 @@ class CpuExt:
         return None
 
     def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, softmax_scale,
-                    causal, wl, wr, num_splits, softcap=0.0, alibi_slopes=None):
+                    causal, wl, wr, num_splits, softcap=0.0, alibi_slopes=None,
+                    learnable_sink=None):
         from test_varlen_kvcache import _slopes_of, attn_ref_one
 
         self._scale(softmax_scale)
@@ -544,7 +608,8 @@ class CpuExt:
                                   True, softcap, _slopes_of(alibi_slopes, i, h))
             outs.append(o)
             lses.append(lse)
-        return torch.stack(outs), torch.stack(lses)
+        self._sink(learnable_sink, h)
+        return with_sink(torch.stack(outs), torch.stack(lses), learnable_sink, 1)
 
 
 def install_cpu_ext(monkeypatch, ext=None, fp32=False):

@@ -17,7 +17,8 @@ import torch
 
 from flash_attn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
-from fa_test_utils import (DTYPE_NAMES, attention_ref, check_against_ref, debug_kernel,
+from fa_test_utils import (DTYPE_NAMES, GRAD_SLACK, LSE_ATOL, LSE_RTOL, OUT_SLACK, attention_ref,
+                           assert_close_to_ref, check_against_ref, debug_kernel,
                            dropout_keep_ref, local_visible, require_config,
                            window_size_form, window_size_forms)
 
@@ -464,3 +465,277 @@ def test_window_size_forms_match_tuple(window):
     q, k, v = [torch.randn(2, 100, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     assert torch.equal(flash_attn_func(q, k, v, window_size=window),
                        flash_attn_func(q, k, v, window_size=(16, 0)))
+
+
+# ---------------------------------------------------------------------------------------
+# Learnable attention sinks
+# ---------------------------------------------------------------------------------------
+
+SINK_GRAD_FACTOR = 3  # as the other feature tests' gradients (see the module docstring)
+
+
+def _sink_values(h, dtype=torch.float32):
+    """Sink logits around the scores' scale, one very negative and one large (the sink then
+    takes most of the row's mass)."""
+    s = torch.randn(h, device="cuda") * 1.5
+    s[0] = -30.0
+    if h > 1:
+        s[-1] = 6.0
+    return s.to(dtype)
+
+
+def _assert_sink_grads(names, ours, refs, refs_lp, factor=SINK_GRAD_FACTOR):
+    for name, g, g_ref, g_lp in zip(names, ours, refs, refs_lp):
+        assert_close_to_ref(name, g, g_ref, g_lp, GRAD_SLACK, factor)
+
+
+def _dense_sink_refs(q, k, v, sink, dout, causal, window, softmax_scale=None, **feats):
+    """(out, lse, dq, dk, dv, dsink) of the fp32 reference and (out, dq, dk, dv, dsink) of the
+    same reference in the input dtype, the sink column appended to the scores."""
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, sink)]
+    out_ref, lse_ref = attention_ref(*leaves[:3], causal=causal, window_size=window,
+                                     softmax_scale=softmax_scale, learnable_sink=leaves[3], **feats)
+    grads_ref = torch.autograd.grad(out_ref, leaves, dout)
+    lp = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    sink_lp = sink.detach().to(q.dtype).requires_grad_()
+    out_lp, _ = attention_ref(*lp, causal=causal, window_size=window, upcast=False,
+                              softmax_scale=softmax_scale, learnable_sink=sink_lp, **feats)
+    grads_lp = torch.autograd.grad(out_lp, lp + [sink_lp], dout)
+    return (out_ref, lse_ref, *grads_ref), (out_lp, *grads_lp)
+
+
+def _run_sink_dense(dtype, d, sq, sk, causal, window, b, h, hk, sink_dtype, variant="func",
+                    **feats):
+    require_config(dtype, d)
+    if variant == "qkvpacked":
+        sk, hk = sq, h
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    sink = _sink_values(h, sink_dtype).requires_grad_()
+    kw = dict(causal=causal, window_size=window, return_attn_probs=True, learnable_sink=sink,
+              **feats)
+    if variant == "func":
+        out, lse, S_dmask = flash_attn_func(q, k, v, **kw)
+        dout = torch.randn_like(out)
+        dq, dk, dv, dsink = torch.autograd.grad(out, (q, k, v, sink), dout)
+    elif variant == "qkvpacked":
+        qkv = torch.stack([q, k, v], dim=2).detach().requires_grad_()
+        out, lse, S_dmask = flash_attn_qkvpacked_func(qkv, **kw)
+        dout = torch.randn_like(out)
+        dqkv, dsink = torch.autograd.grad(out, (qkv, sink), dout)
+        dq, dk, dv = dqkv.unbind(2)
+    else:
+        kv = torch.stack([k, v], dim=2).detach().requires_grad_()
+        out, lse, S_dmask = flash_attn_kvpacked_func(q, kv, **kw)
+        dout = torch.randn_like(out)
+        dq, dkv, dsink = torch.autograd.grad(out, (q, kv, sink), dout)
+        dk, dv = dkv.unbind(2)
+    ref_feats = {k_: v_ for k_, v_ in feats.items() if k_ in ("softcap", "alibi_slopes")}
+    if feats.get("dropout_p", 0.0) > 0:
+        ref_feats.update(dropout_p=feats["dropout_p"],
+                         dropout_mask=_dropout_mask_from_s_dmask(S_dmask, sq, sk))
+    (out_ref, lse_ref, *g_ref), (out_lp, *g_lp) = _dense_sink_refs(
+        q, k, v, sink, dout, causal, window, **ref_feats)
+    assert dsink.dtype == sink_dtype and dsink.shape == (h,)
+    assert_close_to_ref("out", out, out_ref, out_lp, OUT_SLACK)
+    # Every row has a finite lse with a sink (sink[h] where no key is visible).
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+    _assert_sink_grads(("dq", "dk", "dv", "dsink"), (dq, dk, dv, dsink), g_ref, g_lp)
+
+
+SINK_DENSE_CASES = [
+    # dtype, d, sq, sk, causal, window, b, h, hk, sink dtype
+    (torch.float16, 64, 128, 128, False, (-1, -1), 2, 4, 4, torch.float32),
+    (torch.bfloat16, 128, 113, 203, True, (-1, -1), 2, 4, 4, torch.float32),
+    (torch.bfloat16, 64, 256, 256, False, (128, 0), 1, 4, 4, torch.bfloat16),
+    (torch.float16, 128, 77, 77, False, (-1, -1), 2, 8, 2, torch.float16),
+    (torch.bfloat16, 128, 1, 77, False, (-1, -1), 2, 8, 2, torch.float32),
+    (torch.float16, 64, 17, 113, True, (-1, -1), 1, 4, 1, torch.float32),
+    (torch.bfloat16, 64, 239, 113, True, (-1, -1), 2, 4, 4, torch.float32),  # rows with no key
+    (torch.float16, 128, 113, 17, False, (16, 0), 1, 8, 2, torch.bfloat16),
+    (torch.bfloat16, 96, 317, 1000, True, (-1, -1), 1, 4, 2, torch.float32),
+    (torch.float16, 128, 640, 640, False, (-1, -1), 1, 4, 4, torch.float32),
+]
+
+
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, window, b, h, hk, sink_dtype",
+                         SINK_DENSE_CASES)
+def test_sink_dense(dtype, d, sq, sk, causal, window, b, h, hk, sink_dtype):
+    _run_sink_dense(dtype, d, sq, sk, causal, window, b, h, hk, sink_dtype)
+
+
+@pytest.mark.parametrize("case", [1, 3, 6], ids=["causal", "gqa", "no-key-rows"])
+def test_sink_dense_sm80_class(case):
+    """The SM80-class forward (and backward) with a sink, on the same GPU."""
+    ext = require_config(torch.bfloat16, 128)
+    ext.set_sm90_kernels(False)
+    try:
+        _run_sink_dense(*SINK_DENSE_CASES[case])
+    finally:
+        ext.set_sm90_kernels(True)
+
+
+@pytest.mark.parametrize("feat", [dict(softcap=5.0), dict(alibi="h"), dict(dropout_p=0.17)],
+                         ids=["softcap", "alibi", "dropout"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_sink_with_features(feat, d):
+    """The feature kernels: the sink is neither softcapped nor biased, dropout scales out only."""
+    require_config(torch.bfloat16, d)
+    feats = dict(feat)
+    if "alibi" in feats:
+        feats["alibi_slopes"] = _alibi(feats.pop("alibi"), 2, 4)
+    _run_sink_dense(torch.bfloat16, d, 113, 203, True, (-1, -1), 2, 4, 2, torch.float32, **feats)
+
+
+@pytest.mark.parametrize("variant", ["qkvpacked", "kvpacked"])
+def test_sink_packed(variant):
+    _run_sink_dense(torch.float16, 64, 97, 130, False, (-1, -1), 2, 4, 2, torch.float32,
+                    variant=variant)
+
+
+def test_sink_none_and_minus_inf_match_plain():
+    """learnable_sink=None is the plain call; a -inf sink gives the same out and lse (rows
+    with visible keys) as no sink."""
+    require_config(torch.bfloat16, 128)
+    q, k, v = (torch.randn(2, 200, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out0, lse0, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out1, lse1, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                    learnable_sink=None)
+    sink = torch.full((4,), float("-inf"), device="cuda")
+    out2, lse2, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                    learnable_sink=sink)
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    assert torch.equal(out0, out2) and torch.equal(lse0, lse2)
+
+
+def _varlen_sink_ref(q, k, v, cu_q, cu_k, sink, causal, window, upcast):
+    """Packed (total, h, d) attention with a sink, one sequence at a time (attention_ref)."""
+    outs, lses = [], []
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        qi, ki, vi = (x[None] for x in (q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]],
+                                        v[ck[i]:ck[i + 1]]))
+        o, lse = attention_ref(qi, ki, vi, causal=causal, upcast=upcast, window_size=window,
+                               learnable_sink=sink)
+        outs.append(o[0])
+        lses.append(lse[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+@pytest.mark.parametrize("dtype, d, causal, window", [
+    (torch.bfloat16, 64, False, (-1, -1)),
+    (torch.float16, 128, True, (-1, -1)),
+    (torch.bfloat16, 128, False, (32, 0)),
+    (torch.float16, 64, True, (-1, -1)),
+])
+def test_sink_varlen(dtype, d, causal, window):
+    """Several lengths: an empty query sequence, a sequence without keys (out 0, lse = sink),
+    one-row and odd-length ones; GQA."""
+    from flash_attn import flash_attn_varlen_func
+
+    require_config(dtype, d)
+    h, hk = 6, 2
+    lens_q = [17, 0, 77, 1, 113, 40]
+    lens_k = [30, 5, 77, 9, 200, 0]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    q = torch.randn(sum(lens_q), h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens_k), hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    sink = _sink_values(h).requires_grad_()
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         causal=causal, window_size=window,
+                                         return_attn_probs=True, learnable_sink=sink)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, sink)]
+    out_ref, lse_ref = _varlen_sink_ref(*leaves[:3], cu_q, cu_k, leaves[3], causal, window, True)
+    g_ref = torch.autograd.grad(out_ref, leaves, dout)
+    lp = [x.detach().clone().requires_grad_() for x in (q, k, v)] + [
+        sink.detach().to(dtype).requires_grad_()]
+    out_lp, _ = _varlen_sink_ref(*lp[:3], cu_q, cu_k, lp[3], causal, window, False)
+    g_lp = torch.autograd.grad(out_lp, lp, dout)
+    assert_close_to_ref("out", out, out_ref, out_lp, OUT_SLACK)
+    torch.testing.assert_close(lse, lse_ref, atol=LSE_ATOL, rtol=LSE_RTOL)
+    # The sequence without keys: out 0, lse = sink.
+    rows = slice(int(cu_q[5]), int(cu_q[6]))
+    assert torch.equal(out[rows], torch.zeros_like(out[rows]))
+    torch.testing.assert_close(lse[:, rows], sink.detach().view(h, 1).expand(h, lens_q[5]))
+    _assert_sink_grads(("dq", "dk", "dv", "dsink"), grads, g_ref, g_lp)
+
+
+@pytest.mark.parametrize("mode", ["contiguous", "contiguous-split", "paged16", "paged256-split"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sink_kvcache(mode, d, dtype):
+    """flash_attn_with_kvcache with a sink through the split-KV writers (num_splits 1 and > 1,
+    the combine), contiguous and paged (the sm_90a decode and CTA-schedule kernels); one
+    sequence with an empty cache: out 0, lse = sink."""
+    from flash_attn import flash_attn_with_kvcache
+
+    if dtype == torch.float16 and d == 64 and mode != "paged16":
+        pytest.skip("fp16 covered at d 128 and by paged16")
+    require_config(dtype, d)
+    b, sq, h, hk, S = 4, 1 if "split" in mode else 3, 8, 2, 512
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
+    kc = torch.randn(b, S, hk, d, device="cuda", dtype=dtype)
+    vc = torch.randn(b, S, hk, d, device="cuda", dtype=dtype)
+    seqlens = torch.tensor([300, 0, 512, 77], device="cuda", dtype=torch.int32)
+    sink = _sink_values(h)
+    num_splits = 4 if "split" in mode else 1
+    kw = dict(cache_seqlens=seqlens, causal=True, num_splits=num_splits, return_softmax_lse=True,
+              learnable_sink=sink)
+    if mode.startswith("paged"):
+        page = 16 if mode == "paged16" else 256
+        nb = b * S // page
+        perm = torch.randperm(nb, device="cuda")
+        block_table = perm.view(b, S // page).to(torch.int32)
+        kp = torch.empty(nb, page, hk, d, device="cuda", dtype=dtype)
+        vp = torch.empty_like(kp)
+        kp[perm] = kc.view(nb, page, hk, d)
+        vp[perm] = vc.view(nb, page, hk, d)
+        out, lse = flash_attn_with_kvcache(q, kp, vp, block_table=block_table, **kw)
+    else:
+        out, lse = flash_attn_with_kvcache(q, kc, vc, **kw)
+    outs_ref, outs_lp, lses_ref = [], [], []
+    for i, n in enumerate(seqlens.tolist()):
+        args = (q[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n])
+        o, l = attention_ref(*args, causal=True, learnable_sink=sink)
+        o_lp, _ = attention_ref(*args, causal=True, upcast=False, learnable_sink=sink)
+        outs_ref.append(o)
+        outs_lp.append(o_lp)
+        lses_ref.append(l)
+    assert_close_to_ref("out", out, torch.cat(outs_ref), torch.cat(outs_lp), OUT_SLACK)
+    torch.testing.assert_close(lse, torch.cat(lses_ref), atol=LSE_ATOL, rtol=LSE_RTOL)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(lse[1], sink.view(h, 1).expand(h, sq))
+
+
+def test_sink_torch_compile_fullgraph():
+    """torch.compile(fullgraph=True) of flash_attn_func with a sink: forward and backward match
+    the eager call."""
+    from flash_attn import _common
+
+    if not _common._HAS_CUSTOM_OP:
+        pytest.skip("torch < 2.4 has no torch.library.custom_op")
+    dtype, d = torch.bfloat16, 128
+    require_config(dtype, d)
+    torch._dynamo.reset()
+
+    def fn(q, k, v, sink):
+        return flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+
+    compiled = torch.compile(fn, fullgraph=True)
+    q = torch.randn(2, 113, 6, d, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 203, 2, d, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 203, 2, d, device="cuda", dtype=dtype, requires_grad=True)
+    sink = _sink_values(6).requires_grad_()
+    out = compiled(q, k, v, sink)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    out_e = fn(q, k, v, sink)
+    grads_e = torch.autograd.grad(out_e, (q, k, v, sink), dout)
+    assert torch.equal(out, out_e)
+    for name, g, g_e in zip(("dq", "dk", "dv", "dsink"), grads, grads_e):
+        torch.testing.assert_close(g, g_e, msg=lambda m, name=name: f"{name}: {m}")

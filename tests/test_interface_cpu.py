@@ -78,7 +78,11 @@ _COMMON_TAIL = [
     ids=["func", "qkvpacked", "kvpacked"],
 )
 def test_public_signatures_match_upstream(fn, head):
+    # Upstream's parameters, then the keyword-only learnable_sink.
     params = list(inspect.signature(fn).parameters.values())
+    *params, sink = params
+    assert sink.name == "learnable_sink" and sink.default is None
+    assert sink.kind is inspect.Parameter.KEYWORD_ONLY
     assert [p.name for p in params] == head + [n for n, _ in _COMMON_TAIL]
     for p in params[: len(head)]:
         assert p.default is inspect.Parameter.empty
@@ -93,8 +97,9 @@ def test_custom_op_schemas_match_upstream():
     fwd = torch.ops.flash_attn._flash_attn_forward.default._schema
     assert [a.name for a in fwd.arguments] == [
         "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
-        "window_size_right", "softcap", "alibi_slopes", "return_softmax",
+        "window_size_right", "softcap", "alibi_slopes", "return_softmax", "learnable_sink",
     ]
+    assert fwd.arguments[-1].default_value is None  # upstream's calls stay valid
     assert len(fwd.returns) == 4
     assert not any(a.alias_info is not None and a.alias_info.is_write for a in fwd.arguments)
     bwd = torch.ops.flash_attn._flash_attn_backward.default._schema
@@ -110,7 +115,7 @@ def test_custom_op_schemas_match_upstream():
 
 def test_autograd_function_forward_signatures():
     tail = ["dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes",
-            "deterministic", "return_softmax", "is_grad_enabled"]
+            "deterministic", "return_softmax", "is_grad_enabled", "learnable_sink"]
     for cls, head in [
         (fi.FlashAttnFunc, ["q", "k", "v"]),
         (fi.FlashAttnQKVPackedFunc, ["qkv"]),

@@ -31,7 +31,12 @@ def _cu(b, device="meta"):
 
 
 def _params(f):
-    return [(p.name, p.default) for p in inspect.signature(f).parameters.values()]
+    """(name, default) of f's parameters up to the keyword-only learnable_sink (checked here),
+    which follows upstream's."""
+    params = list(inspect.signature(f).parameters.values())
+    assert params[-1].name == "learnable_sink" and params[-1].default is None
+    assert params[-1].kind is inspect.Parameter.KEYWORD_ONLY
+    return [(p.name, p.default) for p in params[:-1]]
 
 
 def test_varlen_signatures_match_upstream():
@@ -64,7 +69,8 @@ def test_private_op_schemas():
     assert ("max_seqlen_q, SymInt max_seqlen_k, float dropout_p, float softmax_scale, bool causal, "
             "SymInt window_size_left=-1, SymInt window_size_right=-1, float softcap=0., "
             "Tensor? alibi_slopes=None, bool return_softmax=False, Tensor? block_table=None, "
-            "Tensor? leftpad_k=None, Tensor? seqused_k=None, bool zero_tensors=False)") in fwd
+            "Tensor? leftpad_k=None, Tensor? seqused_k=None, bool zero_tensors=False, "
+            "Tensor? learnable_sink=None)") in fwd
     bwd = str(torch.ops.flash_attn._flash_attn_varlen_backward.default._schema)
     assert "Tensor(a6!)? dq, Tensor(a7!)? dk, Tensor(a8!)? dv, Tensor cu_seqlens_q" in bwd
     assert bwd.endswith("bool deterministic, Tensor? rng_state=None, bool zero_tensors=False) -> Tensor")

@@ -86,6 +86,14 @@ void set_backward_switches(flash::BwdParams &params);
 void set_score_mods(flash::FwdParams &p, bool is_causal, int64_t window_left, int64_t window_right,
                     double softmax_scale, double softcap, const std::optional<at::Tensor> &alibi_slopes,
                     const at::Tensor &q, int64_t b, int64_t h);
+// The learnable attention sink (nheads,) of a forward call (fp32, bf16 or fp16 on q's device) as
+// a contiguous fp32 tensor, which the caller keeps alive for the launch; undefined without one.
+at::Tensor learnable_sink_f32(const std::optional<at::Tensor> &learnable_sink, const at::Tensor &q, int64_t h);
+// p.learnable_sink from learnable_sink_f32's tensor (after set_qkv / set_varlen_qkv, which reset p).
+void set_learnable_sink(flash::FwdParams &p, const at::Tensor &sink);
+// lse of rows that see no key, written without a kernel: +inf, or with a sink (learnable_sink_f32's
+// tensor) the head's sink logit; head_dim: lse's head dimension.
+void fill_empty_lse(at::Tensor &lse, const at::Tensor &sink, int64_t head_dim);
 void check_dropout(double p_dropout, double softcap);
 void set_dropout_rates(flash::FwdParams &p, double p_dropout);
 uint64_t philox_increment(int64_t seqlen_k);
@@ -113,7 +121,7 @@ void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tenso
 std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
                                 double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
                                 double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                bool return_softmax);
+                                bool return_softmax, std::optional<at::Tensor> learnable_sink);
 std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                 at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
                                 std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
@@ -127,7 +135,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                                        int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
                                        int64_t window_left, int64_t window_right, double softcap,
                                        std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       bool return_softmax);
+                                       bool return_softmax, std::optional<at::Tensor> learnable_sink);
 std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                        at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
                                        std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
@@ -155,6 +163,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
                                         std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
                                         double softmax_scale, bool is_causal, int64_t window_left,
                                         int64_t window_right, int64_t num_splits, double softcap,
-                                        std::optional<at::Tensor> alibi_slopes);
+                                        std::optional<at::Tensor> alibi_slopes,
+                                        std::optional<at::Tensor> learnable_sink);
 
 }  // namespace flash::api

@@ -8,7 +8,7 @@ namespace flash::api {
 std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
                                 double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
                                 double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                bool return_softmax) {
+                                bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     check_qkv_shapes(q, k, v);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
@@ -28,10 +28,11 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     at::Tensor s_dmask = return_softmax ? at::zeros({b, h, round_up(sq, 128), round_up(sk, 128)}, q.options())
                                         : at::empty({0}, q.options());
     if (!zero_fill && (b == 0 || sq == 0 || h == 0 || sk == 0)) rng_state.zero_();  // no forward kernel below
+    const at::Tensor sink = learnable_sink_f32(learnable_sink, q, h);
     if (b == 0 || sq == 0 || h == 0) return {out, lse, s_dmask, rng_state};
-    if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf (as a fully masked row)
+    if (sk == 0) {  // nothing to attend to: out = 0, lse = +inf or the sink (as a fully masked row)
         out.zero_();
-        lse.fill_(std::numeric_limits<float>::infinity());
+        fill_empty_lse(lse, sink, 1);
         copy_back(out_, out);
         return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }
@@ -40,6 +41,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
     set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
                    q.size(0), q.size(2));
+    set_learnable_sink(params, sink);
     params.rng_state_ptr = rng_state.data_ptr<int64_t>();
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
     set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/false);
@@ -70,6 +72,7 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
     at::Tensor softmax_d = at::empty({b, h, seqlen_q_rounded}, q.options().dtype(at::kFloat));
     if (b == 0 || h == 0 || sq == 0 || sk == 0) {
         dq.zero_(), dk.zero_(), dv.zero_();
+        softmax_d.zero_();  // out = 0: rowsum(dO * O) = 0 (the learnable sink's gradient reads it)
     } else {
         // MQA/GQA: per-query-head dK/dV, summed over each group afterwards.
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({b, sk, h, d}, q.options());

@@ -36,7 +36,8 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
                                         std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
                                         double softmax_scale, bool is_causal, int64_t window_left,
                                         int64_t window_right, int64_t num_splits, double softcap,
-                                        std::optional<at::Tensor> alibi_slopes) {
+                                        std::optional<at::Tensor> alibi_slopes,
+                                        std::optional<at::Tensor> learnable_sink) {
     const bool paged = block_table_.has_value();
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
@@ -58,6 +59,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     FLASH_CHECK(is_aligned(k_cache) && is_aligned(v_cache),
                 "flash_attn: k_cache and v_cache need 16-byte aligned rows (strides multiples of 8 elements); they are "
                 "updated in place, so they are not copied");
+    const at::Tensor sink = learnable_sink_f32(learnable_sink, q, h);
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
     if (b == 0 || sq == 0 || h == 0) return {out, lse};
@@ -82,6 +84,7 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     set_qkv(params, q, k_cache, v_cache, out, lse, softmax_scale, is_causal);
     params.seqlen_k = static_cast<int>(seqlen_k);
     set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
+    set_learnable_sink(params, sink);
     params.num_splits = 1;
     params.seqused_k = optional_ints(seqused_k_, "cache_seqlens", b, q, seqused_k);
     params.leftpad_k = optional_ints(leftpad_k_, "cache_leftpad", b, q, leftpad_k);

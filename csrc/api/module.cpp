@@ -24,7 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
           py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
-          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false);
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false, py::arg("learnable_sink") = py::none());
     m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
@@ -35,7 +35,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("leftpad_k"), py::arg("block_table"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
           py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"), py::arg("window_size_left") = -1,
           py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
-          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false);
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false, py::arg("learnable_sink") = py::none());
     m.def("varlen_bwd", &mha_varlen_bwd, "Attention backward, variable-length batch", py::arg("dout"), py::arg("q"),
           py::arg("k"), py::arg("v"), py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"),
           py::arg("dv"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
@@ -47,7 +47,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
           py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
           py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
-          py::arg("alibi_slopes") = py::none());
+          py::arg("alibi_slopes") = py::none(), py::arg("learnable_sink") = py::none());
     m.def("kvcache_guard", &kvcache_guard,
           "Device-side check of the KV-cache index tensors: (skip flag, cache_seqlens, seqused, batch_idx, leftpad), "
           "their values or zeros (flag 1) when one is out of range; the first bad value goes to take_index_error",

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -248,6 +249,32 @@ void set_score_mods(flash::FwdParams &p, bool is_causal, int64_t window_left, in
     set_window(p, is_causal, window_left, window_right);
     set_softcap(p, softmax_scale, softcap);
     set_alibi(p, alibi_slopes, q, b, h);
+}
+
+at::Tensor learnable_sink_f32(const std::optional<at::Tensor> &learnable_sink, const at::Tensor &q, int64_t h) {
+    if (!learnable_sink.has_value()) return at::Tensor();
+    const at::Tensor &s = learnable_sink.value();
+    FLASH_CHECK(s.scalar_type() == at::kFloat || s.scalar_type() == at::kBFloat16 || s.scalar_type() == at::kHalf,
+                "flash_attn: learnable_sink must have dtype float32, bfloat16 or float16, got ", s.scalar_type());
+    FLASH_CHECK(s.device() == q.device(), "flash_attn: learnable_sink is on ", s.device(), " but q is on ",
+                q.device());
+    FLASH_CHECK(s.sizes() == at::IntArrayRef({h}), "flash_attn: learnable_sink must have shape (nheads,) = (", h,
+                ",), got ", s.sizes());
+    return s.to(at::kFloat).contiguous();
+}
+
+void set_learnable_sink(flash::FwdParams &p, const at::Tensor &sink) {
+    p.learnable_sink = sink.defined() ? sink.data_ptr<float>() : nullptr;
+}
+
+void fill_empty_lse(at::Tensor &lse, const at::Tensor &sink, int64_t head_dim) {
+    if (!sink.defined()) {
+        lse.fill_(std::numeric_limits<float>::infinity());
+        return;
+    }
+    std::vector<int64_t> shape(lse.dim(), 1);
+    shape[head_dim] = sink.size(0);
+    lse.copy_(sink.view(shape).expand_as(lse));
 }
 
 void check_dropout(double p_dropout, double softcap) {

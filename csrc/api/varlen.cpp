@@ -110,7 +110,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                                        int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
                                        int64_t window_left, int64_t window_right, double softcap,
                                        std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       bool return_softmax) {
+                                       bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     const bool paged = block_table_.has_value();
     check_varlen_qkv(q, k, v, paged);
     check_dropout(p_dropout, softcap);
@@ -122,6 +122,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
+    const at::Tensor sink = learnable_sink_f32(learnable_sink, q, h);
     at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
     at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
     // Zeros without dropout, as in mha_fwd.
@@ -141,7 +142,11 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     if (b == 0 || total_q == 0 || h == 0 || max_seqlen_q == 0 || max_seqlen_k == 0) {
         // Nothing to attend to (also keeps every grid dimension non-zero below).
         out.zero_();
-        lse.fill_(std::numeric_limits<float>::infinity());
+        fill_empty_lse(lse, sink, 0);
+        // Rows past the last sequence: +inf, as after a kernel.
+        if (sink.defined() && b > 0 && total_q > 0 && h > 0) {
+            zero_tail(out, cu_seqlens_q, b, lse.data_ptr<float>(), lse.stride(0));
+        }
         if (!zero_fill) rng_state.zero_();  // no forward kernel below
         copy_back(out_, out);
         return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
@@ -151,6 +156,7 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     set_varlen_qkv(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
                    softmax_scale, is_causal);
     set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
+    set_learnable_sink(params, sink);
     params.rng_state_ptr = rng_state.data_ptr<int64_t>();
     if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
     at::Tensor seqused_k, leftpad_k, block_table;
@@ -207,6 +213,7 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     at::Tensor softmax_d = at::empty({h, accum_rows}, q.options().dtype(at::kFloat));
     if (b == 0 || h == 0 || total_q == 0 || total_k == 0 || max_seqlen_q == 0 || max_seqlen_k == 0) {
         dq.zero_(), dk.zero_(), dv.zero_();
+        softmax_d.zero_();  // out = 0: rowsum(dO * O) = 0 (the learnable sink's gradient reads it)
     } else {
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({total_k, h, d}, q.options());
         at::Tensor dv_expanded = h_k == h ? dv : at::empty({total_k, h, d}, q.options());

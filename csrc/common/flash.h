@@ -65,6 +65,10 @@ struct FwdParams : QKVParams {
     // (b, h) is alibi_slopes_ptr[b * alibi_slopes_batch_stride + h] (fp32; stride 0 for (h,)).
     const float *__restrict__ alibi_slopes_ptr;
     index_t alibi_slopes_batch_stride;
+    // Learnable attention sink (not a feature: every forward kernel applies it where it
+    // normalises the output): one fp32 logit per query head, in the units of the scaled scores,
+    // added to each row's softmax denominator as exp(sink[h]) with no value. nullptr = none.
+    const float *__restrict__ learnable_sink;
     // Dropout of the attention probabilities: an element is kept iff its Philox byte is below
     // dropout_keep_threshold (min(255, round((1 - p) * 256))); kept ones are scaled by rp_dropout.
     float p_dropout;

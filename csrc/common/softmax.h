@@ -26,6 +26,16 @@ __forceinline__ __device__ void exp2_rows(TensorS &scores, TensorR const &row_of
     }
 }
 
+// The learnable attention sink of query head `head` (FwdParams::learnable_sink: fp32, one logit
+// per query head), -inf without one.
+template <typename Params>
+__forceinline__ __device__ float learnable_sink_of(Params const &params, int head) {
+    return params.learnable_sink == nullptr ? -INFINITY : params.learnable_sink[head];
+}
+
+// The LSE of a row with no visible key: the sink's logit, or +inf without a sink.
+__forceinline__ __device__ float empty_row_lse(float sink) { return sink == -INFINITY ? INFINITY : sink; }
+
 template <int kNRows>
 struct OnlineSoftmax {
     using RowTensor = decltype(make_tensor<float>(Shape<Int<kNRows>>{}));
@@ -111,18 +121,36 @@ struct OnlineSoftmax {
 
     // Divides acc_o by the row sums (and multiplies it by o_scale: 1 / (1 - p) with dropout) and
     // returns the natural-log LSE per row. A row with no visible key gets out = 0 and lse = +inf.
+    //
+    // sink: a learnable attention sink, one extra logit per row (natural-log units, the scores'
+    // scale) that enters the denominator and carries no value; -inf is none, and then the result is
+    // exactly that of the sink-free loop. With M = max(max * scale, sink) the denominator is
+    // sum exp(max * scale - M) + exp(sink - M), so no exponential overflows whatever the sink; an
+    // empty row gets out = 0 and lse = sink. The branch is uniform over the CTA (one head).
     template <typename TensorO>
-    __forceinline__ __device__ RowTensor finalize(TensorO &acc_o, float scale, float o_scale = 1.f) {
+    __forceinline__ __device__ RowTensor finalize(TensorO &acc_o, float scale, float o_scale = 1.f,
+                                                  float sink = -INFINITY) {
         RowTensor lse;
         Tensor acc_o_rc = make_tensor(acc_o.data(), acc_layout_rowcol(acc_o.layout()));
         CUTE_UNROLL
         for (int mi = 0; mi < kNRows; ++mi) {
             const float sum = quad_allreduce(row_sum(mi), SumOp{});
             const bool empty = sum == 0.f || sum != sum;
-            lse(mi) = empty ? INFINITY : row_max(mi) * scale + __logf(sum);
-            const float inv_sum = empty ? 1.f : o_scale / sum;
+            float factor;
+            if (sink == -INFINITY) {
+                lse(mi) = empty ? INFINITY : row_max(mi) * scale + __logf(sum);
+                factor = empty ? 1.f : o_scale / sum;
+            } else {
+                const float m = empty ? -INFINITY : row_max(mi) * scale;
+                const float m_all = fmaxf(m, sink);
+                const float kept = empty ? 0.f : __expf(m - m_all);
+                const float denom = sum * kept + __expf(sink - m_all);
+                lse(mi) = m_all + __logf(denom);
+                // Empty rows: acc_o is 0 already (no P V term), and stays so.
+                factor = empty ? 1.f : o_scale * kept / denom;
+            }
             CUTE_UNROLL
-            for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= inv_sum; }
+            for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= factor; }
         }
         return lse;
     }

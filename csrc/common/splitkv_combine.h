@@ -6,6 +6,7 @@
 
 #include "common/flash.h"
 #include "common/launch_check.h"
+#include "common/softmax.h"
 #include "common/utils.h"
 
 namespace flash {
@@ -37,7 +38,9 @@ __forceinline__ __device__ void load_partial(float (&dst)[kPerLane], const float
 }
 
 // Merges the splits: lse = log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s. One warp per
-// (b, h, query) row. A row with no visible key in any split gets out = 0 and lse = +inf.
+// (b, h, query) row. A row with no visible key in any split gets out = 0 and lse = +inf. The
+// learnable sink (the partials leave it out) is one more term of the sum that carries no output:
+// lse = log(sum_s exp(lse_s) + exp(sink)), so an empty row gets lse = sink.
 // Latency is all that matters here (a few hundred rows, partials in L2): lane s holds lse of
 // splits s, s + 32, ..., so the row's lse takes one load round; then each lane owns kHeadDim / 32
 // consecutive columns and the partials of 8 splits are loaded (vector loads) before any is used,
@@ -66,6 +69,11 @@ __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __
     }
     CUTE_UNROLL
     for (int off = 16; off > 0; off /= 2) { m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, off)); }
+    const int i = int(row % params.seqlen_q);
+    const int head = int((row / params.seqlen_q) % params.h);
+    const int bidb = int(row / (int64_t(params.seqlen_q) * params.h));
+    const float sink = learnable_sink_of(params, head);
+    m = fmaxf(m, sink);
     float sum = 0.f;
     if (m != -INFINITY) {
         CUTE_UNROLL
@@ -73,6 +81,7 @@ __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __
     }
     CUTE_UNROLL
     for (int off = 16; off > 0; off /= 2) { sum += __shfl_xor_sync(0xffffffff, sum, off); }
+    if (sink != -INFINITY) { sum += __expf(sink - m); }  // once, after the lanes' sums
     const bool empty = m == -INFINITY || sum == 0.f;
     const float lse = empty ? INFINITY : m + __logf(sum);
     // Weight of split lane + 32 k; 0 for empty splits (whose partials are never read: they may hold
@@ -81,9 +90,6 @@ __global__ void __launch_bounds__(256) flash_fwd_splitkv_combine_kernel(const __
     CUTE_UNROLL
     for (int k = 0; k < kLseRegs; ++k) { weight[k] = empty || lse_s[k] == -INFINITY ? 0.f : __expf(lse_s[k] - lse); }
 
-    const int i = int(row % params.seqlen_q);
-    const int head = int((row / params.seqlen_q) % params.h);
-    const int bidb = int(row / (int64_t(params.seqlen_q) * params.h));
     if (lane == 0) params.softmax_lse_ptr[bidb * params.lse_batch_stride + head * params.lse_head_stride + i] = lse;
     float acc[kPerLane];
     CUTE_UNROLL

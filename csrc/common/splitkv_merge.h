@@ -193,8 +193,9 @@ __forceinline__ __device__ void splitkv_mod_and_mask(TensorS &acc_s, TensorC con
 }
 
 // Merges the warps of a CTA, O = sum_w exp(m_w - M) O_w / L with L = sum_w exp(m_w - M) l_w, and
-// writes the block's packed rows: out / softmax_lse when num_splits == 1, else this split's fp32
-// partial output and LSE. smem_merge: kNWarps * kBlockM * (kHeadDim + 2) floats that no warp reads
+// writes the block's packed rows: out / softmax_lse when num_splits == 1 (with the learnable sink,
+// as OnlineSoftmax::finalize), else this split's fp32 partial output and LSE, both without the
+// sink (the combine adds it once). smem_merge: kNWarps * kBlockM * (kHeadDim + 2) floats that no warp reads
 // any more (the caller synchronises the CTA before the call).
 template <int kNWarps, int kHeadDim, int kNThreads, typename Element, typename Block, typename ThrMma,
           typename TensorO, typename Softmax>
@@ -253,14 +254,25 @@ __forceinline__ __device__ void splitkv_merge_and_store(const FwdParams &params,
         // Natural-log LSE of the (split's) row; empty: +inf (final) or -inf (partial).
         const int i = p / g, head = bidh_k * g + p % g;
         if (params.num_splits == 1) {
-            const float lse = empty ? INFINITY : m * params.scale_softmax + __logf(l);
+            const float sink = learnable_sink_of(params, head);
+            float lse, o_factor = inv_l;
+            if (sink == -INFINITY) {
+                lse = empty ? INFINITY : m * params.scale_softmax + __logf(l);
+            } else {
+                const float m_nat = empty ? -INFINITY : m * params.scale_softmax;
+                const float m_all = fmaxf(m_nat, sink);
+                const float kept = empty ? 0.f : __expf(m_nat - m_all);
+                const float denom = l * kept + __expf(sink - m_all);
+                lse = m_all + __logf(denom);
+                o_factor = kept / denom;
+            }
             Element *out = reinterpret_cast<Element *>(params.o_ptr) +
                            binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) +
                            index_t(i) * params.o_row_stride + index_t(head) * params.o_head_stride + c;
             uint4 packed;
             Element *pe = reinterpret_cast<Element *>(&packed);
             CUTE_UNROLL
-            for (int e = 0; e < 8; ++e) { pe[e] = Element(o[e] * inv_l); }
+            for (int e = 0; e < 8; ++e) { pe[e] = Element(o[e] * o_factor); }
             *reinterpret_cast<uint4 *>(out) = packed;
             if (c == 0) {
                 params.softmax_lse_ptr[(binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     constexpr int kNRows = decltype(size<0>(coords_o_rc))::value;
 
     // No key visible to any row of this block (causal with seqlen_q > seqlen_k, or a window):
-    // out = 0, lse = +inf.
+    // out = 0, lse = +inf (the sink's logit with a learnable sink).
     if (n_block_max <= n_block_min) {
         clear(acc_o);
         store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride,
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
             CUTE_UNROLL
             for (int mi = 0; mi < kNRows; ++mi) {
                 const int row = get<0>(coords_o_rc(mi, 0));
-                if (row < rows_left) lse_ptr_f()[row] = INFINITY;
+                if (row < rows_left) lse_ptr_f()[row] = empty_row_lse(learnable_sink_of(params, bidh));
             }
         }
         return;
@@ -206,7 +206,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     for (--n_block; n_block >= n_block_min; --n_block) { step(cute::false_type{}); }
 
     // Epilogue: normalise, write O (through smem, reusing sQ) and the LSE.
-    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
+                                  learnable_sink_of(params, bidh));
     __syncthreads();  // sQ is about to be overwritten by O
     store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride, rows_left,
                                  params.d, tidx);

@@ -104,10 +104,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         }
     };
 
-    if (n_block_max <= n_block_min) {  // no visible key: out = 0, lse = +inf
+    if (n_block_max <= n_block_min) {  // no visible key: out = 0, lse = +inf (or the sink's logit)
         clear(acc_o);
         Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
-        fill(lse, INFINITY);
+        fill(lse, empty_row_lse(learnable_sink_of(params, bidh)));
         write_out(lse);
         return;
     }
@@ -249,7 +249,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         wgmma</*kZeroInit=*/false, /*kWait=*/0>(tiled_mma_pv, tOrP, tOrVt(_, _, _, (n_blocks - 1) & 1), acc_o);
     }
 
-    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
+                                  learnable_sink_of(params, bidh));
     __syncthreads();  // sQ (reused for O) is no longer read by any wgmma
     write_out(lse);
 #endif

@@ -211,11 +211,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             OnlineSoftmax<kNRows> softmax;
 
             ++valid_tiles;
-            if (!tile.has_work) {  // no visible key for the whole tile: out = 0, lse = +inf
+            if (!tile.has_work) {  // no visible key for the whole tile: out = 0, lse = +inf (or the sink)
                 if constexpr (kOwnO) { release_q(); }
                 clear(acc_o);
                 Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
-                fill(lse, INFINITY);
+                fill(lse, empty_row_lse(learnable_sink_of(params, tile.bidh)));
                 fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
                 if constexpr (kPersistent && !kOwnO) { release_q(); }
                 if constexpr (!kPersistent) { break; }
@@ -258,7 +258,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
             }
             // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
-            Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f);
+            // The head from t (as make_tile): no tile coordinate is held across the main loop for it.
+            const int head = kPersistent ? t / (num_m_blocks * params.b) : int(blockIdx.z);
+            Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
+                                          learnable_sink_of(params, head));
             if constexpr (kPersistent) {
                 // The tile's coordinates again from t: fewer registers held across the main loop.
                 const BlockInfo binfo_epi(params, batch_of(t));
