@@ -269,14 +269,16 @@ def common_args(dropout_p, softmax_scale, causal, window_size, softcap, determin
     return dropout_p, softmax_scale, causal, window, softcap, deterministic, return_attn_probs
 
 
+def require_optional_tensor(x, name):
+    """x (not None) is a torch.Tensor, else a type error naming the argument."""
+    if not isinstance(x, torch.Tensor):
+        raise FlashAttnTypeError(f"flash_attn: {name} must be a torch.Tensor or None, got {type(x).__name__}")
+
+
 def check_alibi(alibi_slopes, batch_size, nheads, device):
     if alibi_slopes is None:
         return
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise FlashAttnTypeError(
-            f"flash_attn: alibi_slopes must be a torch.Tensor or None, got "
-            f"{type(alibi_slopes).__name__}"
-        )
+    require_optional_tensor(alibi_slopes, "alibi_slopes")
     if alibi_slopes.dtype != torch.float32:
         raise FlashAttnTypeError(
             f"flash_attn: alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}"
@@ -305,11 +307,7 @@ def check_learnable_sink(learnable_sink, nheads, device):
     device (its values may be anything, -inf included)."""
     if learnable_sink is None:
         return
-    if not isinstance(learnable_sink, torch.Tensor):
-        raise FlashAttnTypeError(
-            f"flash_attn: learnable_sink must be a torch.Tensor or None, got "
-            f"{type(learnable_sink).__name__}"
-        )
+    require_optional_tensor(learnable_sink, "learnable_sink")
     if learnable_sink.dtype not in _SINK_DTYPES:
         raise FlashAttnTypeError(
             f"flash_attn: learnable_sink must have dtype torch.float32, torch.bfloat16 or "

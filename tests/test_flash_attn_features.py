@@ -43,14 +43,19 @@ def _dropout_mask_from_s_dmask(S_dmask, sq, sk):
     return ~torch.signbit(S_dmask[:, :, :sq, :sk])
 
 
-def _run(dtype, d, sq, sk, causal, b, h, hk, variant="func", window=(-1, -1), softcap=0.0,
-         alibi=None, dropout_p=0.0, deterministic=False, check_lse=True, softmax_scale=None):
+def _leaf_qkv(dtype, d, sq, sk, b, h, hk, variant):
+    """(q, k, v, sk, hk): fresh random leaves; the qkv-packed variant has sk = sq, hk = h."""
     require_config(dtype, d)
     if variant == "qkvpacked":
         sk, hk = sq, h
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    q, k, v = [torch.randn(b, s, n, d, device="cuda", dtype=dtype, requires_grad=True)
+               for s, n in ((sq, h), (sk, hk), (sk, hk))]
+    return q, k, v, sk, hk
+
+
+def _run(dtype, d, sq, sk, causal, b, h, hk, variant="func", window=(-1, -1), softcap=0.0,
+         alibi=None, dropout_p=0.0, deterministic=False, check_lse=True, softmax_scale=None):
+    q, k, v, sk, hk = _leaf_qkv(dtype, d, sq, sk, b, h, hk, variant)
     slopes = _alibi(alibi, b, h)
     kw = dict(dropout_p=dropout_p, causal=causal, window_size=window, softcap=softcap,
               alibi_slopes=slopes, deterministic=deterministic, return_attn_probs=True,
@@ -506,12 +511,7 @@ def _dense_sink_refs(q, k, v, sink, dout, causal, window, softmax_scale=None, **
 
 def _run_sink_dense(dtype, d, sq, sk, causal, window, b, h, hk, sink_dtype, variant="func",
                     **feats):
-    require_config(dtype, d)
-    if variant == "qkvpacked":
-        sk, hk = sq, h
-    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, requires_grad=True)
-    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, requires_grad=True)
+    q, k, v, sk, hk = _leaf_qkv(dtype, d, sq, sk, b, h, hk, variant)
     sink = _sink_values(h, sink_dtype).requires_grad_()
     kw = dict(causal=causal, window_size=window, return_attn_probs=True, learnable_sink=sink,
               **feats)

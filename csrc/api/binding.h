@@ -117,53 +117,11 @@ const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, i
 void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q);
 
 // The entry points (dense.cpp, varlen.cpp, kvcache.cpp); their arguments are documented at the
-// pybind11 definitions (module.cpp) and in flash_attn/flash_attn_interface.py.
-std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
-                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                bool return_softmax, std::optional<at::Tensor> learnable_sink);
-std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
-                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
-                                bool deterministic, int64_t window_left, int64_t window_right, double softcap,
-                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                std::optional<at::Tensor> rng_state);
-std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
-                                       std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
-                                       std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
-                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
-                                       int64_t window_left, int64_t window_right, double softcap,
-                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       bool return_softmax, std::optional<at::Tensor> learnable_sink);
-std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
-                                       std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
-                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
-                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
-                                       bool deterministic, int64_t window_left, int64_t window_right,
-                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       std::optional<at::Tensor> rng_state);
-// Device-side index guards and the KV-cache append (index_checks.cpp, api/index_guard.h).
-std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
-                                      std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
-                                      std::optional<at::Tensor> block_table, int64_t default_seqlen,
-                                      int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
-                                      int64_t page_block_size, int64_t num_blocks);
-std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
-                                     int64_t total_q, int64_t total_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                     std::optional<at::Tensor> block_table, int64_t page_block_size,
-                                     int64_t num_blocks);
-void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, const at::Tensor &v,
-               const at::Tensor &cache_seqlens, std::optional<at::Tensor> batch_idx,
-               std::optional<at::Tensor> block_table, std::optional<at::Tensor> skip_flag);
-std::optional<std::tuple<int, int, int, int64_t, int64_t>> take_index_error();
-std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                        std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
-                                        std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
-                                        double softmax_scale, bool is_causal, int64_t window_left,
-                                        int64_t window_right, int64_t num_splits, double softcap,
-                                        std::optional<at::Tensor> alibi_slopes,
-                                        std::optional<at::Tensor> learnable_sink);
+// The entry points' pybind11 definitions, one per file (dense.cpp, varlen.cpp, kvcache.cpp,
+// index_checks.cpp); module.cpp calls them. Python wraps them in flash_attn/flash_attn_interface.py.
+void bind_dense(py::module_ &m);
+void bind_varlen(py::module_ &m);
+void bind_kvcache(py::module_ &m);
+void bind_index_checks(py::module_ &m);
 
 }  // namespace flash::api

@@ -5,10 +5,10 @@ namespace flash::api {
 
 // Returns {out, softmax_lse, S_dmask, rng_state}. S_dmask is empty unless return_softmax (which needs
 // dropout); rng_state is (seed, offset) of the dropout mask, zeros without dropout.
-std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
-                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                bool return_softmax, std::optional<at::Tensor> learnable_sink) {
+static std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                       double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
+                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     check_qkv_shapes(q, k, v);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
@@ -51,12 +51,12 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
     return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
 }
 
-std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
-                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
-                                bool deterministic, int64_t window_left, int64_t window_right, double softcap,
-                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                std::optional<at::Tensor> rng_state) {
+static std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
+                                       std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
+                                       bool deterministic, int64_t window_left, int64_t window_right, double softcap,
+                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                       std::optional<at::Tensor> rng_state) {
     check_qkv_shapes(q, k, v);
     check_dropout(p_dropout, softcap);
     check_rng_state(p_dropout, rng_state, q);
@@ -111,6 +111,18 @@ std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at:
     copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
     return {dq_.has_value() ? dq_.value() : dq, dk_.has_value() ? dk_.value() : dk,
             dv_.has_value() ? dv_.value() : dv, softmax_d};
+}
+
+void bind_dense(py::module_ &m) {
+    m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
+          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false, py::arg("learnable_sink") = py::none());
+    m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
+          py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
+          py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
 }
 
 }  // namespace flash::api

@@ -36,11 +36,11 @@ flash::PagedKeys paged_keys(const std::optional<at::Tensor> &block_table, int64_
 
 }  // namespace
 
-std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
-                                      std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
-                                      std::optional<at::Tensor> block_table, int64_t default_seqlen,
-                                      int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
-                                      int64_t page_block_size, int64_t num_blocks) {
+static std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
+                                             std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
+                                             std::optional<at::Tensor> block_table, int64_t default_seqlen,
+                                             int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
+                                             int64_t page_block_size, int64_t num_blocks) {
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t b = q.size(0);
     at::Tensor seqlens_c, batch_idx_c, leftpad_c;
@@ -65,10 +65,10 @@ std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Ten
             safe.narrow(0, 1 + 3 * b, b)};
 }
 
-std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
-                                     int64_t total_q, int64_t total_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                     std::optional<at::Tensor> block_table, int64_t page_block_size,
-                                     int64_t num_blocks) {
+static std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                            int64_t total_q, int64_t total_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                            std::optional<at::Tensor> block_table, int64_t page_block_size,
+                                            int64_t num_blocks) {
     c10::cuda::CUDAGuard device_guard(q.device());
     FLASH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.size(0) >= 1,
                 "flash_attn: cu_seqlens_q must have shape (batch_size + 1,), got ", cu_seqlens_q.sizes());
@@ -94,9 +94,9 @@ std::vector<at::Tensor> varlen_guard(const at::Tensor &q, at::Tensor cu_seqlens_
     return {safe.narrow(0, 0, 1), safe.narrow(0, 1, b + 1), safe.narrow(0, 2 + b, b + 1)};
 }
 
-void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, const at::Tensor &v,
-               const at::Tensor &cache_seqlens, std::optional<at::Tensor> batch_idx,
-               std::optional<at::Tensor> block_table, std::optional<at::Tensor> skip_flag) {
+static void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, const at::Tensor &v,
+                      const at::Tensor &cache_seqlens, std::optional<at::Tensor> batch_idx,
+                      std::optional<at::Tensor> block_table, std::optional<at::Tensor> skip_flag) {
     c10::cuda::CUDAGuard device_guard(k.device());
     for (const at::Tensor *t : {static_cast<const at::Tensor *>(&k_cache), static_cast<const at::Tensor *>(&v_cache), &k, &v}) {
         FLASH_CHECK(t->is_cuda() && t->device() == k.device() && t->scalar_type() == k.scalar_type() &&
@@ -136,7 +136,7 @@ void append_kv(at::Tensor k_cache, at::Tensor v_cache, const at::Tensor &k, cons
     FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
 }
 
-std::optional<std::tuple<int, int, int, int64_t, int64_t>> take_index_error() {
+static std::optional<std::tuple<int, int, int, int64_t, int64_t>> take_index_error() {
     flash::IndexErrorRecord *record = flash::index_error_record_if_allocated();
     if (record == nullptr) return std::nullopt;
     volatile flash::IndexErrorRecord *r = record;
@@ -146,6 +146,29 @@ std::optional<std::tuple<int, int, int, int64_t, int64_t>> take_index_error() {
                                  static_cast<int64_t>(r->value), static_cast<int64_t>(r->limit));
     r->code = flash::kIndexOk;
     return taken;
+}
+
+void bind_index_checks(py::module_ &m) {
+    m.def("kvcache_guard", &kvcache_guard,
+          "Device-side check of the KV-cache index tensors: (skip flag, cache_seqlens, seqused, batch_idx, leftpad), "
+          "their values or zeros (flag 1) when one is out of range; the first bad value goes to take_index_error",
+          py::arg("q"), py::arg("cache_seqlens"), py::arg("batch_idx"), py::arg("leftpad"), py::arg("block_table"),
+          py::arg("default_seqlen"), py::arg("seqlen_new"), py::arg("seqlen_cache"), py::arg("batch_cache"),
+          py::arg("page_block_size"), py::arg("num_blocks"));
+    m.def("varlen_guard", &varlen_guard,
+          "Device-side check of cu_seqlens (and the block table): (skip flag, cu_seqlens_q, cu_seqlens_k), their "
+          "values or zeros (flag 1) when one is bad; total_k -1 with block_table",
+          py::arg("q"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("total_q"), py::arg("total_k"),
+          py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("block_table"), py::arg("page_block_size"),
+          py::arg("num_blocks"));
+    m.def("append_kv", &append_kv,
+          "k_cache[batch, cache_seqlens[b] + j] = k[b, j] (and v) in place, through block_table when paged; nothing "
+          "when skip_flag[0] != 0",
+          py::arg("k_cache"), py::arg("v_cache"), py::arg("k"), py::arg("v"), py::arg("cache_seqlens"),
+          py::arg("batch_idx"), py::arg("block_table"), py::arg("skip_flag"));
+    m.def("take_index_error", &take_index_error,
+          "(code, index, column, value, limit) of the first bad index value a device-side guard found since the "
+          "last take, or None; clears it");
 }
 
 }  // namespace flash::api

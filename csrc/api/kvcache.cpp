@@ -31,13 +31,13 @@ static bool use_sm90_decode(const flash::FwdParams &p, bool paged) {
 #endif
 }
 
-std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                        std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
-                                        std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
-                                        double softmax_scale, bool is_causal, int64_t window_left,
-                                        int64_t window_right, int64_t num_splits, double softcap,
-                                        std::optional<at::Tensor> alibi_slopes,
-                                        std::optional<at::Tensor> learnable_sink) {
+static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                               std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                               std::optional<at::Tensor> batch_idx_, std::optional<at::Tensor> block_table_,
+                                               double softmax_scale, bool is_causal, int64_t window_left,
+                                               int64_t window_right, int64_t num_splits, double softcap,
+                                               std::optional<at::Tensor> alibi_slopes,
+                                               std::optional<at::Tensor> learnable_sink) {
     const bool paged = block_table_.has_value();
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
@@ -140,6 +140,14 @@ std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache, at::Te
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     return {out, lse};
+}
+
+void bind_kvcache(py::module_ &m) {
+    m.def("fwd_kvcache", &mha_fwd_kvcache, "Attention over a (paged) KV cache, split-KV for decoding", py::arg("q"),
+          py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
+          py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
+          py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
+          py::arg("alibi_slopes") = py::none(), py::arg("learnable_sink") = py::none());
 }
 
 }  // namespace flash::api

@@ -21,53 +21,10 @@ using namespace flash::api;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "flash_attn CUDA kernels";
-    m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
-          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
-          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
-          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false, py::arg("learnable_sink") = py::none());
-    m.def("bwd", &mha_bwd, "Attention backward", py::arg("dout"), py::arg("q"), py::arg("k"), py::arg("v"),
-          py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
-          py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
-          py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
-          py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
-    m.def("varlen_fwd", &mha_varlen_fwd, "Attention forward, variable-length batch", py::arg("q"), py::arg("k"),
-          py::arg("v"), py::arg("out"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("seqused_k"),
-          py::arg("leftpad_k"), py::arg("block_table"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
-          py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"), py::arg("window_size_left") = -1,
-          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
-          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false, py::arg("learnable_sink") = py::none());
-    m.def("varlen_bwd", &mha_varlen_bwd, "Attention backward, variable-length batch", py::arg("dout"), py::arg("q"),
-          py::arg("k"), py::arg("v"), py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"),
-          py::arg("dv"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
-          py::arg("max_seqlen_k"), py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"),
-          py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1,
-          py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0,
-          py::arg("rng_state") = py::none());
-    m.def("fwd_kvcache", &mha_fwd_kvcache, "Attention over a (paged) KV cache, split-KV for decoding", py::arg("q"),
-          py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
-          py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
-          py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
-          py::arg("alibi_slopes") = py::none(), py::arg("learnable_sink") = py::none());
-    m.def("kvcache_guard", &kvcache_guard,
-          "Device-side check of the KV-cache index tensors: (skip flag, cache_seqlens, seqused, batch_idx, leftpad), "
-          "their values or zeros (flag 1) when one is out of range; the first bad value goes to take_index_error",
-          py::arg("q"), py::arg("cache_seqlens"), py::arg("batch_idx"), py::arg("leftpad"), py::arg("block_table"),
-          py::arg("default_seqlen"), py::arg("seqlen_new"), py::arg("seqlen_cache"), py::arg("batch_cache"),
-          py::arg("page_block_size"), py::arg("num_blocks"));
-    m.def("varlen_guard", &varlen_guard,
-          "Device-side check of cu_seqlens (and the block table): (skip flag, cu_seqlens_q, cu_seqlens_k), their "
-          "values or zeros (flag 1) when one is bad; total_k -1 with block_table",
-          py::arg("q"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("total_q"), py::arg("total_k"),
-          py::arg("max_seqlen_q"), py::arg("max_seqlen_k"), py::arg("block_table"), py::arg("page_block_size"),
-          py::arg("num_blocks"));
-    m.def("append_kv", &append_kv,
-          "k_cache[batch, cache_seqlens[b] + j] = k[b, j] (and v) in place, through block_table when paged; nothing "
-          "when skip_flag[0] != 0",
-          py::arg("k_cache"), py::arg("v_cache"), py::arg("k"), py::arg("v"), py::arg("cache_seqlens"),
-          py::arg("batch_idx"), py::arg("block_table"), py::arg("skip_flag"));
-    m.def("take_index_error", &take_index_error,
-          "(code, index, column, value, limit) of the first bad index value a device-side guard found since the "
-          "last take, or None; clears it");
+    bind_dense(m);
+    bind_varlen(m);
+    bind_kvcache(m);
+    bind_index_checks(m);
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
     m.def("set_debug_kernel", &set_debug_kernel,
           "Testing only: force a kernel choice that the heuristics make for other calls; value 0 restores "

@@ -103,14 +103,14 @@ static int64_t check_varlen_batch(at::Tensor &cu_seqlens_q, at::Tensor &cu_seqle
     return b;
 }
 
-std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
-                                       std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
-                                       std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
-                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
-                                       int64_t window_left, int64_t window_right, double softcap,
-                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       bool return_softmax, std::optional<at::Tensor> learnable_sink) {
+static std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                              at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k,
+                                              std::optional<at::Tensor> seqused_k_, std::optional<at::Tensor> leftpad_k_,
+                                              std::optional<at::Tensor> block_table_, int64_t max_seqlen_q,
+                                              int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                              int64_t window_left, int64_t window_right, double softcap,
+                                              std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                              bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     const bool paged = block_table_.has_value();
     check_varlen_qkv(q, k, v, paged);
     check_dropout(p_dropout, softcap);
@@ -188,14 +188,14 @@ std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
 }
 
-std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
-                                       std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
-                                       at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
-                                       int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
-                                       bool deterministic, int64_t window_left, int64_t window_right,
-                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       std::optional<at::Tensor> rng_state) {
+static std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                              at::Tensor softmax_lse, std::optional<at::Tensor> dq_,
+                                              std::optional<at::Tensor> dk_, std::optional<at::Tensor> dv_,
+                                              at::Tensor cu_seqlens_q, at::Tensor cu_seqlens_k, int64_t max_seqlen_q,
+                                              int64_t max_seqlen_k, double softmax_scale, bool zero_tensors, bool is_causal,
+                                              bool deterministic, int64_t window_left, int64_t window_right,
+                                              double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                              std::optional<at::Tensor> rng_state) {
     check_varlen_qkv(q, k, v, false);
     check_dropout(p_dropout, softcap);
     check_rng_state(p_dropout, rng_state, q);
@@ -257,6 +257,22 @@ std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
     return {dq_.has_value() ? dq_.value() : dq, dk_.has_value() ? dk_.value() : dk,
             dv_.has_value() ? dv_.value() : dv, softmax_d};
+}
+
+void bind_varlen(py::module_ &m) {
+    m.def("varlen_fwd", &mha_varlen_fwd, "Attention forward, variable-length batch", py::arg("q"), py::arg("k"),
+          py::arg("v"), py::arg("out"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("seqused_k"),
+          py::arg("leftpad_k"), py::arg("block_table"), py::arg("max_seqlen_q"), py::arg("max_seqlen_k"),
+          py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"), py::arg("window_size_left") = -1,
+          py::arg("window_size_right") = -1, py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(),
+          py::arg("dropout_p") = 0.0, py::arg("return_softmax") = false, py::arg("learnable_sink") = py::none());
+    m.def("varlen_bwd", &mha_varlen_bwd, "Attention backward, variable-length batch", py::arg("dout"), py::arg("q"),
+          py::arg("k"), py::arg("v"), py::arg("out"), py::arg("softmax_lse"), py::arg("dq"), py::arg("dk"),
+          py::arg("dv"), py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"),
+          py::arg("max_seqlen_k"), py::arg("softmax_scale"), py::arg("zero_tensors"), py::arg("is_causal"),
+          py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1,
+          py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0,
+          py::arg("rng_state") = py::none());
 }
 
 }  // namespace flash::api
