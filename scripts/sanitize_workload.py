@@ -7,7 +7,8 @@ Covered: flash_attn_func forward + backward (plain, causal, GQA, softcap, ALiBi,
 dropout, deterministic), the SM80-class kernels (sm_90a kernels switched off), the packed
 variants, flash_attn_varlen_func forward + backward (empty sequences, rows past the last
 sequence), paged varlen, flash_attn_with_kvcache (append + rotary, paged, cache_batch_idx,
-cache_leftpad, split-KV), and the device-side index guard rejecting a call.  Small odd sizes,
+cache_leftpad, split-KV), learnable sinks (dense forward + backward, varlen, split-KV), and the
+device-side index guard rejecting a call.  Small odd sizes,
 so that it finishes under the sanitizers' slowdown.  Each result is checked to be finite.
 """
 
@@ -45,6 +46,9 @@ def dense(d, dtype):
                for _ in range(3)]
     out = flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes)
     finite(out, *torch.autograd.grad(out, (q, k, v), torch.randn_like(out)))
+    sink = torch.randn(4, device="cuda", dtype=torch.float32, requires_grad=True)
+    out = flash_attn_func(q, k, v, window_size=(16, 0), learnable_sink=sink)
+    finite(out, *torch.autograd.grad(out, (q, k, v, sink), torch.randn_like(out)))
     qkv = torch.randn(1, 47, 3, 2, d, device="cuda", dtype=dtype, requires_grad=True)
     out = flash_attn_qkvpacked_func(qkv, causal=True)
     finite(out, *torch.autograd.grad(out, (qkv,), torch.randn_like(out)))
@@ -57,8 +61,10 @@ def varlen(d, dtype):
     q = torch.randn(70, 4, d, device="cuda", dtype=dtype, requires_grad=True)  # 3 rows past the end
     k = torch.randn(85, 2, d, device="cuda", dtype=dtype, requires_grad=True)
     v = torch.randn(85, 2, d, device="cuda", dtype=dtype, requires_grad=True)
-    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
-    finite(out, *torch.autograd.grad(out, (q, k, v), torch.randn_like(out)))
+    sink = torch.randn(4, device="cuda", dtype=torch.float32, requires_grad=True)
+    for kw in (dict(), dict(learnable_sink=sink)):
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, **kw)
+        finite(out, *torch.autograd.grad(out, (q, k, v) + tuple(kw.values()), torch.randn_like(out)))
     kc = torch.randn(8, 16, 2, d, device="cuda", dtype=dtype)
     table = torch.arange(8, dtype=torch.int32, device="cuda").flip(0).view(2, 4)
     cu_q2 = torch.tensor([0, 10, 30], dtype=torch.int32, device="cuda")
@@ -82,6 +88,8 @@ def kvcache(d, dtype):
     pad = torch.tensor([0, 7, 30], dtype=torch.int32, device="cuda")
     finite(flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, cache_batch_idx=idx,
                                    cache_leftpad=pad, num_splits=3))
+    finite(flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=3,
+                                   learnable_sink=torch.randn(h, device="cuda", dtype=dtype)))
     q4 = torch.randn(b, 4, h, d, device="cuda", dtype=dtype)
     finite(flash_attn_with_kvcache(q4, kc, vc, cache_seqlens=seqlens, softcap=10.0, causal=True))
     pages = torch.randn(20, 16, hk, d, device="cuda", dtype=dtype)
