@@ -375,6 +375,16 @@ def test_kernel_sources_and_gencode(setup_mod):
         "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
 
 
+def test_compile_order_heaviest_first(setup_mod):
+    """The warp-specialised units start first and the host units last (setuptools' name order put
+    the forward ones last, and they ended the build)."""
+    full, _ = setup_mod.kernel_sources(["90"], setup_mod.ALL_HEAD_DIMS, setup_mod.ALL_DTYPES)
+    order = sorted(full, key=setup_mod.compile_cost, reverse=True)
+    ws = [i for i, s in enumerate(order) if "_ws_sm90_" in s]
+    host = [i for i, s in enumerate(order) if s.endswith(".cpp")]
+    assert ws == list(range(len(ws))) and max(ws) < min(host)
+
+
 def test_build_plan_messages(setup_mod):
     plan = setup_mod.build_plan
     quiet = "\n".join(plan(["90"], "env", [64], ["bf16"], 14, 2, "MAX_JOBS set"))
