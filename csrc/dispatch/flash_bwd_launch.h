@@ -30,12 +30,11 @@ template <typename Element>
 bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream);
 #endif
 
-template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
+template <typename Traits, bool kFeat, int kStatic = 0, bool kDqBeforeDk = false>
 void launch_bwd(BwdParams &params, cudaStream_t stream) {
     launch_bwd_passes<typename Traits::Element, Traits::kHeadDim>(params, stream, [&] {
-        // kVariant & 2 (flash_bwd_kernel.h): one dO buffer instead of two.
-        constexpr int smem_size = Traits::kSmemSize - ((kVariant & 2) != 0 ? Traits::kSmemQdOSize : 0);
-        auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic, kVariant>;
+        constexpr int smem_size = Traits::kSmemSize;
+        auto kernel = &flash_bwd_kernel<Traits, kFeat, kStatic, kDqBeforeDk>;
         if (smem_size >= 48 * 1024) {
             FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));
         }
@@ -121,8 +120,8 @@ void run_mha_bwd_(BwdParams &params, cudaStream_t stream) {
         if constexpr (kFeat) {
             launch_bwd_feat<Traits>(params, stream);
         } else {
-            // Variant 1 (flash_bwd_kernel.h): dQ before dK.
-            launch_bwd<Traits, false, 0, 1>(params, stream);
+            // dQ before dK (FA2's order; docs/perf-notes.md).
+            launch_bwd<Traits, false, 0, true>(params, stream);
         }
     }
 }

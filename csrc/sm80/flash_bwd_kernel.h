@@ -31,23 +31,12 @@ using namespace cute;
 // kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
 // blockIdx.x (reversed in its semaphore-ordered deterministic mode, see flash_bwd_kernel), else
 // kModStatic | the features compiled in and always on, with the key block n_block_arg.
-// kVariant (plain kernels only; dispatched: 1), bits:
-//   1: the dQ GEMM and its atomics before the dK GEMM (FA2's order: the reductions drain while dK
-//      runs; the default), else after it. Scalar fp32 atomics instead of the
-//      float2 ones measured 1.35x slower at d256.
-//   2: FA2's load placement: one dO buffer, the next block's Q issued once dS is computed and its
-//      dO after the dV GEMM (behind one more CTA barrier), instead of both at the top of the step
-//      into double buffers (smem 213 -> 180 KB at d256; A/B, not GPU-run).
-//   4: LSE and softmax_d of the next query block loaded into registers one step ahead (FA2),
-//      instead of in the step (A/B, not GPU-run).
-template <typename Traits, bool kFeat, int kStatic, int kVariant = 0>
+// kDqBeforeDk (plain kernels only): the dQ GEMM and its atomics before the dK GEMM (FA2's order:
+// the reductions drain while dK runs), else after it.
+template <typename Traits, bool kFeat, int kStatic, bool kDqBeforeDk = false>
 __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_block_arg, const int64_t dq_slice) {
     static_assert(kFeat || kStatic == 0);
-    static_assert(kVariant == 0 || !kFeat);
-    static_assert(kVariant >= 0 && kVariant < 8);
-    constexpr bool kDqBeforeDk = (kVariant & 1) != 0;
-    constexpr bool kFa2Loads = (kVariant & 2) != 0;
-    constexpr bool kPrefetchLse = (kVariant & 4) != 0;
+    static_assert(!kDqBeforeDk || !kFeat);
     constexpr bool kMayDropout = kFeat && (kStatic == 0 || (kStatic & kModDropout) != 0);
     constexpr bool kMaySoftcap = kFeat && (kStatic == 0 || (kStatic & kModSoftcap) != 0);
     using Element = typename Traits::Element;
@@ -132,13 +121,13 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
     const float *dsum_ptr = params.softmax_d_ptr + accum_row;
     float *dq_accum_ptr = params.dq_accum_ptr + (kStatic != 0 ? dq_slice : 0) + accum_row * kHeadDim;
 
-    // Shared memory: Q[2] | dO[2] (kFa2Loads: dO[1]) | K | V | dS | P
+    // Shared memory: Q[2] | dO[2] | K | V | dS | P
     Element *smem_q = reinterpret_cast<Element *>(smem);
     constexpr int kQdOElems = Traits::kSmemQdOSize / sizeof(Element);
     constexpr int kKVElems = Traits::kSmemKVSize / sizeof(Element);
     constexpr int kPdSElems = Traits::kSmemPdSSize / sizeof(Element);
     Element *smem_do = smem_q + 2 * kQdOElems;
-    Element *smem_k = smem_do + (kFa2Loads ? 1 : 2) * kQdOElems;
+    Element *smem_k = smem_do + 2 * kQdOElems;
     Element *smem_v = smem_k + kKVElems;
     Element *smem_ds = smem_v + kKVElems;
     Element *smem_p = smem_ds + kPdSElems;
@@ -162,8 +151,6 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
 
     // A partitioned smem tensor of buffer 0, moved to buffer `buf` of a double-buffered pair.
     auto in_buffer = [&](auto const &t, int buf) { return make_tensor(t.data() + buf * kQdOElems, t.layout()); };
-    // The dO buffer of step buffer `buf` (kFa2Loads: the single one).
-    auto in_do_buffer = [&](auto const &t, int buf) { return in_buffer(t, kFa2Loads ? 0 : buf); };
 
     // ---- global -> shared loads ----
     typename Traits::GmemTiledCopyLoad gmem_copy;
@@ -179,17 +166,11 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
     auto load = [&](auto const &src, auto &dst, auto const &coords, auto const &pred_k, int rows) {
         copy_tile(gmem_copy, src, dst, coords, pred_k, rows);
     };
-    auto load_Q = [&](int m_block, int buf) {
+    auto load_QdO = [&](int m_block, int buf) {
         Tensor tQsQ_buf = in_buffer(tQsQ, buf);
         load(thr_gmem_copy.partition_S(gQ_at(m_block)), tQsQ_buf, tQcQ, tQpQ, seqlen_q - m_block * kBlockM);
-    };
-    auto load_dO = [&](int m_block, int buf) {
-        Tensor tdOsdO_buf = in_do_buffer(tdOsdO, buf);
+        Tensor tdOsdO_buf = in_buffer(tdOsdO, buf);
         load(thr_gmem_copy.partition_S(gdO_at(m_block)), tdOsdO_buf, tQcQ, tQpQ, seqlen_q - m_block * kBlockM);
-    };
-    auto load_QdO = [&](int m_block, int buf) {
-        load_Q(m_block, buf);
-        load_dO(m_block, buf);
     };
 
     // ---- MMA partitions ----
@@ -265,24 +246,13 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
                                       : nullptr;
 
     constexpr float kLog2e = 1.4426950408889634f;
-    // kPrefetchLse: this thread's rows' LSE (times log2 e) and softmax_d of the next query block.
-    [[maybe_unused]] float next_lse[kNRows], next_dsum[kNRows];
-    auto prefetch_lse = [&](int m_block) {
-        CUTE_UNROLL
-        for (int mi = 0; mi < kNRows; ++mi) {
-            const int row = m_block * kBlockM + get<0>(coords_s_rc(mi, 0));
-            next_lse[mi] = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
-            next_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
-        }
-    };
-    if constexpr (kPrefetchLse) { prefetch_lse(m_block_min); }
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int buf = (m_block - m_block_min) & 1;
         const int row0 = m_block * kBlockM;
 
         cp_async_wait<0>();
         __syncthreads();  // Q/dO[buf] landed; every warp is done with the previous block's smem
-        if (!kFa2Loads && m_block + 1 < m_block_max) {
+        if (m_block + 1 < m_block_max) {
             load_QdO(m_block + 1, buf ^ 1);
             cp_async_fence();
         }
@@ -301,24 +271,19 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
         for (int mi = 0; mi < kNRows; ++mi) {
             const int row = row0 + get<0>(coords_s_rc(mi, 0));
             // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
-            const float lse = kPrefetchLse ? next_lse[mi] : row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
+            const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
             if constexpr (kMaySoftcap) { row_lse[mi] = lse; }
-            row_dsum[mi] = kPrefetchLse ? next_dsum[mi] : row < seqlen_q ? dsum_ptr[row] : 0.f;
+            row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(scores); ++ni) {
                 scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse);
             }
         }
 
-        // The next block's LSE / softmax_d: in flight during the dP GEMM and the rest of the step.
-        if constexpr (kPrefetchLse) {
-            if (m_block + 1 < m_block_max) { prefetch_lse(m_block + 1); }
-        }
-
         // dP = dO V^T; dS = P * (dP - softmax_d).
         Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         clear(acc_dp);
-        gemm_ss(acc_dp, tdPrdO, tdPrV, in_do_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
+        gemm_ss(acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
                 smem_copy_sdp_B, thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         if constexpr (kMayDropout) {
@@ -372,30 +337,14 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
             }
         }
 
-        if constexpr (kFa2Loads) {
-            // The next Q, as FA2 issues it once dS is known: Q[buf ^ 1] was last read in the
-            // previous step, before this step's first barrier.
-            if (m_block + 1 < m_block_max) {
-                load_Q(m_block + 1, buf ^ 1);
-                cp_async_fence();
-            }
-        }
         Tensor rP = convert_type<Element>(acc_s);
         Tensor rdS = convert_type<Element>(acc_dp);
         cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rP), tPsP);
         cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rdS), tdSsdS);
         __syncthreads();  // P and dS visible to all warps
 
-        gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, in_do_buffer(tdVsdOt, buf), tiled_mma_dkv, smem_copy_dkv_A,
+        gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, in_buffer(tdVsdOt, buf), tiled_mma_dkv, smem_copy_dkv_A,
                 smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
-        if constexpr (kFa2Loads) {
-            // Every warp is done with dO (dP and dV GEMMs): the next block's dO may land.
-            if (m_block + 1 < m_block_max) {
-                __syncthreads();
-                load_dO(m_block + 1, 0);
-                cp_async_fence();
-            }
-        }
         auto gemm_dk = [&]() {
             gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, in_buffer(tdKsQt, buf), tiled_mma_dkv, smem_copy_dkv_A,
                     smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);
@@ -410,6 +359,7 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
             static_assert(decltype(size<0>(acc_dq))::value == 4);
+            // Scalar fp32 atomics instead of the float2 ones measured 1.35x slower at d256.
             if constexpr (kFeat && kStatic == 0) {
                 if (deterministic) {
                     // Wait for the key blocks above this one that also see this query block.
@@ -461,10 +411,10 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
 // blocks in rounds of gridDim.x, zig-zag (s in even rounds, gridDim.x - 1 - s in odd ones, which
 // evens out causal work), adding its dQ into slice s. Each slice element is updated by one thread
 // of one CTA, in program order, so the sums (and their order in the conversion) are fixed.
-template <typename Traits, bool kFeat, int kStatic = 0, int kVariant = 0>
+template <typename Traits, bool kFeat, int kStatic = 0, bool kDqBeforeDk = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_bwd_kernel(const __grid_constant__ BwdParams params) {
     if constexpr (kStatic == 0) {
-        bwd_block<Traits, kFeat, kStatic, kVariant>(params, 0, 0);
+        bwd_block<Traits, kFeat, kStatic, kDqBeforeDk>(params, 0, 0);
     } else {
         const bool sliced = params.deterministic;
         const int64_t dq_slice = sliced ? int64_t(blockIdx.x) * params.dq_accum_split_stride : 0;
