@@ -9,6 +9,7 @@ Run on a machine with an NVIDIA GPU (built for H100/H200, sm90):
     python benchmarks/benchmark_attn.py --decode           # 1 query token vs long KV cache
     python benchmarks/benchmark_attn.py --varlen           # packed variable-length batch
     python benchmarks/benchmark_attn.py --features         # cost of window/ALiBi/dropout/...
+    python benchmarks/benchmark_attn.py --sinks            # cost of learnable_sink (gpt-oss shapes)
 
 Standard grid (as in the FlashAttention papers): total tokens 16384 (batch = 16384 // seqlen),
 hidden 2048 (nheads = 2048 // headdim), headdim in {64, 128, 256},
@@ -160,6 +161,12 @@ def parse_args(argv=None):
                    help="feature-cost mode instead of the grid: ours only, plain vs sliding "
                         "window (left=512), ALiBi, dropout 0.1, softcap and the deterministic "
                         "backward at seqlen 8192, headdim 128 (unless given), bf16")
+    p.add_argument("--sinks", action="store_true",
+                   help="learnable-sink cost mode: gpt-oss-20b-like shapes (64 q / 8 kv heads, d64, "
+                        "seqlen 8192, causal, window (128, 0) and full), ours with a sink against "
+                        "ours without, alternated over --sink-rounds rounds")
+    p.add_argument("--sink-rounds", type=int, default=6,
+                   help="--sinks: rounds of (plain, sink) timings, each round in the other order")
     p.add_argument("--total-tokens", type=int, default=16384,
                    help="batch = total_tokens // seqlen, at least 1 (default: 16384)")
     p.add_argument("--hidden", type=int, default=2048,
@@ -731,6 +738,43 @@ def run_features(bench, args, rows):
                 del sets
 
 
+# gpt-oss alternates 128-token sliding-window layers with full ones.
+SINK_WINDOWS = ((128, 0), (-1, -1))
+
+
+def run_sink_cost(bench, args, rows):
+    """learnable_sink's cost: the same call with and without a sink, timed in alternating order
+    over rounds (timed one after the other, the later call reads a few percent slower at the
+    power cap whatever it is), median over the rounds."""
+    torch = bench.torch
+    if bench.ours is None:
+        raise RuntimeError("flash_attn import failed: %s" % bench.ours_error)
+    b, s, h, hk, d = 2, 8192, 64, 8, 64
+    cfg = dict(dtype="bf16", headdim=d, seqlen_q=s, seqlen_k=s, batch=b, nheads=h, nheads_k=hk,
+               causal=True)
+    sets = bench.make_inputs(cfg, bench.n_rotations(5 * b * s * h * d * 2), torch.bfloat16)
+    sink = torch.randn(h, device=DEVICE, dtype=torch.float32, requires_grad=True)
+    f = bench.ours
+    print("\nlearnable_sink cost (ours; b%d s%d %d q / %d kv heads d%d causal; median ms of %d "
+          "alternated rounds); timer: %s" % (b, s, h, hk, d, args.sink_rounds, bench.timer_kind))
+    for window in SINK_WINDOWS:
+        fns = {False: lambda q, k, v, w=window: f(q, k, v, causal=True, window_size=w),
+               True: lambda q, k, v, w=window: f(q, k, v, causal=True, window_size=w, learnable_sink=sink)}
+        ms = {use: {"fwd": [], "bwd": []} for use in fns}
+        for r in range(max(1, args.sink_rounds)):
+            for use in ((False, True) if r % 2 == 0 else (True, False)):
+                for phase in ("fwd", "bwd"):
+                    ms[use][phase].append(bench.time_phase("ours", phase, cfg, sets, fn=fns[use]))
+        med = {use: {ph: statistics.median(v) for ph, v in m.items()} for use, m in ms.items()}
+        for use in fns:
+            rows.append(dict(cfg, backend="ours:sink" if use else "ours", window=str(window),
+                             fwd_ms=med[use]["fwd"], bwd_ms=med[use]["bwd"], note=""))
+        print("  window %-9s fwd %7.3f -> %7.3f ms (%+.1f%%)   bwd %7.3f -> %7.3f ms (%+.1f%%)" % (
+            window, med[False]["fwd"], med[True]["fwd"], 100 * (med[True]["fwd"] / med[False]["fwd"] - 1),
+            med[False]["bwd"], med[True]["bwd"], 100 * (med[True]["bwd"] / med[False]["bwd"] - 1)), flush=True)
+    del sets
+
+
 def _geomean(xs):
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
@@ -1165,9 +1209,12 @@ def main(argv=None):
 
     meta = collect_meta(bench, args)
     rows, extra, status = [], {}, 0
-    prefix = "decode" if args.decode else ("varlen" if args.varlen else ("features" if args.features else "attn"))
+    prefix = ("decode" if args.decode else "varlen" if args.varlen else "features" if args.features
+              else "sinks" if args.sinks else "attn")
     try:
-        if args.decode:
+        if args.sinks:
+            run_sink_cost(bench, args, rows)
+        elif args.decode:
             run_decode(bench, args, rows)
         elif args.varlen:
             run_varlen(bench, args, rows)
@@ -1185,7 +1232,7 @@ def main(argv=None):
         print("\ninterrupted; partial results are saved.")
         status = 130
 
-    if not args.decode and not args.varlen and not args.features:
+    if not (args.decode or args.varlen or args.features or args.sinks):
         lines, summary = summarize(rows, args)
         if lines:
             print()
@@ -1202,7 +1249,7 @@ def main(argv=None):
     png = None
     try:
         title = "%s | torch %s | %s" % (bench.device_name, torch.__version__, meta["date"])
-        if args.features:
+        if args.features or args.sinks:
             png = None
         elif args.decode:
             shown = []

@@ -48,3 +48,41 @@ def test_ab_harness_summary():
     ratios, geo, slower, worst = ab.summarize(names, base, new, 0.02)
     assert ratios["d"] is None and slower == ["a"] and worst == "a"
     assert geo == pytest.approx((0.979 * 0.985 * 1.04) ** (1 / 3))
+
+
+def test_benchmark_sink_cost_alternates_the_order():
+    """benchmarks/benchmark_attn.py --sinks times the sink and the plain call in alternating order
+    (the later of two sequential timings reads slower at the power cap)."""
+    import torch
+
+    path = SCRIPTS.parent / "benchmarks" / "benchmark_attn.py"
+    spec = importlib.util.spec_from_file_location("benchmark_attn", path)
+    bm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bm)
+    bm.DEVICE = "cpu"
+    order = []
+
+    class StubBench:
+        timer_kind, ours_error = "stub", None
+
+        def __init__(self):
+            self.torch = torch
+            self.ours = lambda q, k, v, **kw: "learnable_sink" in kw
+
+        def n_rotations(self, set_bytes):
+            return 1
+
+        def make_inputs(self, cfg, n_sets, dtype):
+            return [(None, None, None)]
+
+        def time_phase(self, backend, phase, cfg, sets, fn=None):
+            with_sink = fn(*sets[0])
+            order.append(with_sink)
+            return (2.0 if with_sink else 1.0) * (1 if phase == "fwd" else 3)
+
+    rows = []
+    bm.run_sink_cost(StubBench(), bm.parse_args(["--sinks", "--sink-rounds", "2"]), rows)
+    # per window: round 0 plain then sink, round 1 sink then plain (fwd and bwd each)
+    assert order[:8] == [False, False, True, True, True, True, False, False]
+    assert [(r["backend"], r["fwd_ms"], r["bwd_ms"]) for r in rows[:2]] == [("ours", 1.0, 3.0), ("ours:sink", 2.0, 6.0)]
+    assert len(rows) == 2 * len(bm.SINK_WINDOWS)
