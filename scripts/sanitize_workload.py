@@ -10,6 +10,9 @@ sequence), paged varlen, flash_attn_with_kvcache (append + rotary, paged, cache_
 cache_leftpad, split-KV), learnable sinks (dense forward + backward, varlen, split-KV), and the
 device-side index guard rejecting a call.  Small odd sizes,
 so that it finishes under the sanitizers' slowdown.  Each result is checked to be finite.
+initcheck does not count TMA bulk-tensor stores as initialisation, so with the forward's TMA store
+of O on it reports every read of `out` by the backward's preprocess; run it with
+--debug-kernel fwd_tma_o_off=1 (O through ordinary stores), as device_session.sh does.
 """
 
 import argparse
