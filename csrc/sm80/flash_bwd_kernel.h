@@ -26,6 +26,110 @@ namespace flash {
 
 using namespace cute;
 
+// The masked S (acc_s) of the query block at row0 -> P = exp(S * scale - lse) in place; also this
+// thread's rows' softmax_d (row_dsum) and, for the softcap gradient, their lse (row_lse). The mask
+// stays with the caller: applied here, where row0 and col0 are opaque parameters, it compiles
+// differently.
+template <bool kMaySoftcap, typename TensorAcc, typename TensorCoordsRC, int kNRows>
+__forceinline__ __device__ void scores_to_p(TensorAcc &acc_s, const BwdParams &params,
+                                            TensorCoordsRC const &coords_s_rc, const float *lse_ptr,
+                                            const float *dsum_ptr, const int seqlen_q, const int row0,
+                                            float (&row_dsum)[kNRows], float (&row_lse)[kNRows]) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+        const int row = row0 + get<0>(coords_s_rc(mi, 0));
+        // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
+        const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
+        if constexpr (kMaySoftcap) { row_lse[mi] = lse; }
+        row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+            scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse);
+        }
+    }
+}
+
+// dS (acc_dp) times the softcap's d score / d s = (1 - tanh^2) * softcap_scale (the softcap
+// factor is in scale_softmax). tanh is recovered from P = exp2(u * scale_log2 - lse) with
+// u = tanh + ALiBi bias rather than kept in registers; where P = 0 it does not matter (no
+// softcap with dropout, so acc_s still holds P).
+template <int kStatic, typename TensorAcc, typename TensorCoords, typename TensorCoordsRC, int kNRows>
+__forceinline__ __device__ void softcap_grad_ds(TensorAcc &acc_dp, TensorAcc const &acc_s, const BwdParams &params,
+                                                const ScoreMod &score_mod, TensorCoords const &coords_s,
+                                                TensorCoords const &coords_s0, TensorCoordsRC const &coords_s_rc,
+                                                TensorCoordsRC const &coords_s0_rc, const float (&row_lse)[kNRows],
+                                                const int row0, const int col0) {
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+    Tensor dS_rc = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
+    const float inv_scale_log2 = 1.f / params.scale_softmax_log2;
+    // The fixed-set ALiBi in the forward's fp32 form (ScoreMod::add_alibi_fast).
+    const float alibi_base = score_mod.alibi_base(coords_s, coords_s0, row0, col0);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kNRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(dS_rc); ++ni) {
+            const float p = scores(mi, ni);
+            float t = (__log2f(p) + row_lse[mi]) * inv_scale_log2;
+            if constexpr ((kStatic & kModAlibi) != 0) {
+                const float off = float(get<0>(coords_s0_rc(mi, ni)) - get<1>(coords_s0_rc(mi, ni)));
+                t = fmaf(-score_mod.alibi_slope, fabsf(alibi_base + off), t);
+            } else if (kStatic == 0 && score_mod.alibi_slope != 0.f) {
+                const int dist = row0 + get<0>(coords_s_rc(mi, ni)) + score_mod.diag - col0 -
+                                 get<1>(coords_s_rc(mi, ni));
+                t -= score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
+            }
+            dS_rc(mi, ni) = p > 0.f ? dS_rc(mi, ni) * (1.f - t * t) * score_mod.softcap_scale : 0.f;
+        }
+    }
+}
+
+// A query block's dQ (acc_dq) added into dq_accum with fp32 atomics; in the semaphore-ordered
+// deterministic mode after the key blocks above this one, then letting the next one in.
+template <typename Traits, bool kFeat, int kStatic, typename TensorAcc, typename ThrMma>
+__forceinline__ __device__ void add_dq_atomic(TensorAcc const &acc_dq, ThrMma const &thr_mma_dq, float *dq_accum_ptr,
+                                              const Mask &mask, const bool deterministic, int *dq_semaphore,
+                                              const int m_block, const int n_block, const int row0, const int tidx) {
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    // dq_accum rows are padded to a multiple of kBlockM and columns to kHeadDim: no predicates.
+    Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
+                                  Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+    Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+    static_assert(decltype(size<0>(acc_dq))::value == 4);
+    // Scalar fp32 atomics instead of the float2 ones measured 1.35x slower at d256.
+    if constexpr (kFeat && kStatic == 0) {
+        if (deterministic) {
+            // Wait for the key blocks above this one that also see this query block.
+            if (tidx == 0) {
+                const int target = mask.last_n_block_seeing(m_block, kBlockM, Traits::kBlockN) - n_block;
+                const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
+                while (*sem != target) {}
+                __threadfence();
+            }
+            __syncthreads();
+        }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
+        atomicAdd(&tdQgdQaccum(i), acc_dq(i));
+        atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
+#endif
+    }
+    if constexpr (kFeat && kStatic == 0) {
+        if (deterministic) {  // publish this block's dQ, then let the next key block in
+            __threadfence();
+            __syncthreads();
+            if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
+        }
+    }
+}
+
 // One key block: dK, dV of its keys and its dQ contributions (fp32 atomics into dq_accum, at
 // element offset dq_slice: this CTA's slice in the sliced deterministic mode).
 // kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
@@ -245,7 +349,6 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
                                                                       (params.seqlen_q_rounded / 64)
                                       : nullptr;
 
-    constexpr float kLog2e = 1.4426950408889634f;
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int buf = (m_block - m_block_min) & 1;
         const int row0 = m_block * kBlockM;
@@ -264,27 +367,16 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
                 thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
         if constexpr (kFeat) { score_mod.template apply_set<kStatic>(acc_s, coords_s, coords_s0, row0, col0); }
         if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) { mask.apply(acc_s, coords_s, row0, col0); }
-        Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         float row_dsum[kNRows];
         [[maybe_unused]] float row_lse[kNRows];  // softcap: recovers tanh from P
-        CUTE_UNROLL
-        for (int mi = 0; mi < kNRows; ++mi) {
-            const int row = row0 + get<0>(coords_s_rc(mi, 0));
-            // Rows past seqlen_q get lse = +inf, hence P = 0 and no contribution.
-            const float lse = row < seqlen_q ? lse_ptr[row] * kLog2e : INFINITY;
-            if constexpr (kMaySoftcap) { row_lse[mi] = lse; }
-            row_dsum[mi] = row < seqlen_q ? dsum_ptr[row] : 0.f;
-            CUTE_UNROLL
-            for (int ni = 0; ni < size<1>(scores); ++ni) {
-                scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse);
-            }
-        }
+        scores_to_p<kMaySoftcap>(acc_s, params, coords_s_rc, lse_ptr, dsum_ptr, seqlen_q, row0, row_dsum, row_lse);
 
         // dP = dO V^T; dS = P * (dP - softmax_d).
         Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
         clear(acc_dp);
         gemm_ss(acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
                 smem_copy_sdp_B, thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
+        Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
         Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
         if constexpr (kMayDropout) {
             if (is_dropout) {
@@ -309,31 +401,8 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
         }
         if constexpr (kMaySoftcap) {
             if (has_softcap) {
-                // d score / d s = (1 - tanh^2) * softcap_scale (the softcap factor is in
-                // scale_softmax). tanh is recovered from P = exp2(u * scale_log2 - lse) with
-                // u = tanh + ALiBi bias rather than kept in registers; where P = 0 it does not
-                // matter (no softcap with dropout, so acc_s still holds P).
-                Tensor dS_rc = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
-                const float inv_scale_log2 = 1.f / params.scale_softmax_log2;
-                // The fixed-set ALiBi in the forward's fp32 form (ScoreMod::add_alibi_fast).
-                const float alibi_base = score_mod.alibi_base(coords_s, coords_s0, row0, col0);
-                CUTE_UNROLL
-                for (int mi = 0; mi < kNRows; ++mi) {
-                    CUTE_UNROLL
-                    for (int ni = 0; ni < size<1>(dS_rc); ++ni) {
-                        const float p = scores(mi, ni);
-                        float t = (__log2f(p) + row_lse[mi]) * inv_scale_log2;
-                        if constexpr ((kStatic & kModAlibi) != 0) {
-                            const float off = float(get<0>(coords_s0_rc(mi, ni)) - get<1>(coords_s0_rc(mi, ni)));
-                            t = fmaf(-score_mod.alibi_slope, fabsf(alibi_base + off), t);
-                        } else if (kStatic == 0 && score_mod.alibi_slope != 0.f) {
-                            const int dist = row0 + get<0>(coords_s_rc(mi, ni)) + score_mod.diag - col0 -
-                                             get<1>(coords_s_rc(mi, ni));
-                            t -= score_mod.alibi_slope * float(dist < 0 ? -dist : dist);
-                        }
-                        dS_rc(mi, ni) = p > 0.f ? dS_rc(mi, ni) * (1.f - t * t) * score_mod.softcap_scale : 0.f;
-                    }
-                }
+                softcap_grad_ds<kStatic>(acc_dp, acc_s, params, score_mod, coords_s, coords_s0, coords_s_rc,
+                                         coords_s0_rc, row_lse, row0, col0);
             }
         }
 
@@ -354,40 +423,8 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
             clear(acc_dq);
             gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, tiled_mma_dq, smem_copy_dq_A, smem_copy_dq_B,
                     thr_smem_copy_dq_A, thr_smem_copy_dq_B);
-            // dq_accum rows are padded to a multiple of kBlockM and columns to kHeadDim: no predicates.
-            Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
-                                          Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-            Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-            static_assert(decltype(size<0>(acc_dq))::value == 4);
-            // Scalar fp32 atomics instead of the float2 ones measured 1.35x slower at d256.
-            if constexpr (kFeat && kStatic == 0) {
-                if (deterministic) {
-                    // Wait for the key blocks above this one that also see this query block.
-                    if (tidx == 0) {
-                        const int target = mask.last_n_block_seeing(m_block, kBlockM, kBlockN) - n_block;
-                        const volatile int *sem = dq_semaphore + m_block * (kBlockM / 64);
-                        while (*sem != target) {}
-                        __threadfence();
-                    }
-                    __syncthreads();
-                }
-            }
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-#else
-                atomicAdd(&tdQgdQaccum(i), acc_dq(i));
-                atomicAdd(&tdQgdQaccum(i + 1), acc_dq(i + 1));
-#endif
-            }
-            if constexpr (kFeat && kStatic == 0) {
-                if (deterministic) {  // publish this block's dQ, then let the next key block in
-                    __threadfence();
-                    __syncthreads();
-                    if (tidx == 0) atomicAdd(dq_semaphore + m_block * (kBlockM / 64), 1);
-                }
-            }
+            add_dq_atomic<Traits, kFeat, kStatic>(acc_dq, thr_mma_dq, dq_accum_ptr, mask, deterministic, dq_semaphore,
+                                                  m_block, n_block, row0, tidx);
         };
         if constexpr (kDqBeforeDk) {
             dq_and_atomics();
