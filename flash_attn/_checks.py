@@ -404,6 +404,17 @@ def set_strict_checks(enabled):
     return previous
 
 
+def _device_kind(t):
+    return "cuda" if t.is_cuda else t.device.type
+
+
+def same_device(a, b):
+    """a.device == b.device without building torch.device objects (the argument checks run on
+    every call, decoding steps included)."""
+    return (a.get_device() == b.get_device() and a.is_cuda == b.is_cuda
+            and a.is_meta == b.is_meta)
+
+
 def strict_checks_enabled():
     """Whether the value checks of the index tensors are on (see set_strict_checks)."""
     return _strict
@@ -441,16 +452,15 @@ def value_checks_apply(*tensors):
     checks on and outside graph capture and torch.compile tracing."""
     if _is_compiling() or getattr(_local, "trusted", 0):
         return False
-    first = None
+    first = kind = None
     for t in tensors:
         if t is not None:
             if first is None:
-                first = t
-            elif t.device.type != first.device.type:
+                first, kind = t, _device_kind(t)
+            elif _device_kind(t) != kind:
                 return False
     if first is None:
         return False
-    kind = first.device.type
     if kind == "cpu":
         return True
     if kind != "cuda" or not _strict:
@@ -464,7 +474,7 @@ def device_guard_applies(*tensors):
     if getattr(_local, "trusted", 0):
         return False
     present = [t for t in tensors if t is not None]
-    if not present or any(t.device.type != "cuda" for t in present):
+    if not present or not all(t.is_cuda for t in present):
         return False
     return not value_checks_apply(*present)
 

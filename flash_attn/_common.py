@@ -204,11 +204,28 @@ def check_rng_state(dropout_p, rng_state):
         )
 
 
+def _kernel_aligned(t):
+    # csrc/api/params.cpp is_aligned, for 16-bit elements: 16-byte rows and start.
+    return (t.stride(-1) == 1 and t.storage_offset() % 8 == 0
+            and all(t.stride(i) % 8 == 0 or t.shape[i] <= 1 for i in range(t.dim() - 1)))
+
+
+def kernel_output_like(q):
+    """An uninitialised tensor of q's shape in the layout the extension gives a fresh output
+    (csrc/api/params.cpp output_or_new): q's own where q is aligned and empty_like keeps it,
+    else contiguous."""
+    if _kernel_aligned(q):
+        out = torch.empty_like(q)
+        if _kernel_aligned(out):
+            return out
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
 def fake_forward_outputs(q, lse_shape, return_softmax, batch_size, seqlen_q, seqlen_k):
     """(out, softmax_lse, S_dmask, rng_state) as the forward kernels return them, for the fakes:
     S_dmask (return_softmax) is (batch, nheads, round128(seqlen_q), round128(seqlen_k))."""
     num_heads = q.shape[-2]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = kernel_output_like(q)
     softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     if return_softmax:
         S_dmask = torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128),

@@ -84,9 +84,11 @@ def _check_tensor(x, name, dims, shape_doc):
             f"flash_attn: {name} has dtype {x.dtype}; FlashAttention only supports torch.float16 "
             "and torch.bfloat16"
         )
-    if x.device.type not in _ALLOWED_DEVICE_TYPES:
+    # is_cuda first: a torch.device is built for every .device read (these checks run on every
+    # decoding step).
+    if not x.is_cuda and x.device.type not in _ALLOWED_DEVICE_TYPES:
         raise FlashAttnValueError(f"flash_attn: {name} must be on a CUDA device, got device {x.device}")
-    if x.shape[-1] != 1 and x.stride(-1) != 1:
+    if x.shape[-1] != 1 and x.stride()[-1] != 1:
         raise FlashAttnValueError(
             f"flash_attn: {name} must have a contiguous last dimension ({name}.stride(-1) == 1), "
             f"got strides {tuple(x.stride())}; call {name}.contiguous() first"
@@ -114,7 +116,7 @@ def _check_same(x, ref, name, ref_name):
             f"flash_attn: {name} has dtype {x.dtype} but {ref_name} has dtype {ref.dtype}; "
             "they must have the same dtype"
         )
-    if x.device != ref.device:
+    if not _checks.same_device(x, ref):
         raise FlashAttnValueError(
             f"flash_attn: {name} is on device {x.device} but {ref_name} is on device {ref.device}"
         )
@@ -594,9 +596,13 @@ def _kvcache_impl(
     paged = block_table is not None
     seqused = cache_seqlens if k is None else None
     skip_flag = None
-    if _checks.device_guard_applies(cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
-        # The values were not checked on the host: the guard's copies are the values, or zeros
-        # (no key rows, nothing appended) when one is out of range.
+    # Values the host does not check go to the device-side guard, whose copies the kernels read
+    # (zeros when one is out of range: no key rows, nothing appended). Without new keys,
+    # fwd_kvcache runs it itself; with them it runs here, before the append.
+    device_guard = _checks.device_guard_applies(cache_seqlens, cache_batch_idx, cache_leftpad,
+                                                block_table)
+    guard_in_kernel_call = device_guard and k is None
+    if device_guard and k is not None:
         seqlen_cache = (block_table.shape[1] * k_cache.shape[1]) if paged else k_cache.shape[1]
         skip_flag, safe_seqlens, safe_seqused, safe_batch_idx, safe_leftpad = ext.kvcache_guard(
             q, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, seqlen_cache,
@@ -607,7 +613,7 @@ def _kvcache_impl(
         cache_seqlens = safe_seqlens if cache_seqlens is not None else None
         cache_batch_idx = safe_batch_idx if cache_batch_idx is not None else None
         cache_leftpad = safe_leftpad if cache_leftpad is not None else None
-    else:
+    elif not device_guard:
         if _checks.value_checks_apply(cache_seqlens, cache_batch_idx, cache_leftpad, block_table):
             # Reached through the registered op (torch.compile), which skipped the host checks of
             # flash_attn_with_kvcache while tracing.
@@ -627,7 +633,7 @@ def _kvcache_impl(
         # Query i sits at position cache_seqlens + i when causal/local, else at cache_seqlens.
         q = _rotary(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved,
                     same_position=not local)
-    if seqused is None and block_table is not None:
+    if seqused is None and block_table is not None and not guard_in_kernel_call:
         seqused = torch.full((b,), block_table.shape[1] * k_cache.shape[1], dtype=torch.int32,
                              device=q.device)
     if seqused is not None:
@@ -644,6 +650,7 @@ def _kvcache_impl(
         q, kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table, softmax_scale, causal,
         window_size_left, window_size_right, num_splits, softcap, alibi_slopes,
         **_common.sink_kwargs(learnable_sink),
+        **({"guard_indices": True} if guard_in_kernel_call else {}),
     )
     if out.shape[-1] != head_size_og:
         out = out[..., :head_size_og].contiguous()
@@ -828,17 +835,17 @@ def _check_cache_layout(cache, name):
     rows (every stride of a dimension longer than 1 a multiple of 8 elements, and the base
     16-byte aligned).  Checked here, before the append, rather than only in C++ after it.  A
     head dim that is not a multiple of 8 attends on padded copies (_kvcache_impl): any layout."""
-    if cache.shape[-1] % 8 != 0:
+    shape, strides = cache.shape, cache.stride()
+    if shape[-1] % 8 != 0:
         return
-    for dim in range(cache.dim() - 1):
-        if cache.shape[dim] > 1 and cache.stride(dim) % 8 != 0:
-            raise FlashAttnValueError(
-                f"flash_attn: {name} needs 16-byte aligned rows (every stride a multiple of 8 "
-                f"elements), got strides {tuple(cache.stride())}; it is updated in place, so it "
-                "is not copied: pass a contiguous cache"
-            )
-    if cache.device.type in ("cuda", "cpu") and not _is_compiling() \
-            and cache.numel() > 0 and cache.data_ptr() % 16 != 0:
+    if any(n > 1 and st % 8 != 0 for n, st in zip(shape[:-1], strides[:-1])):
+        raise FlashAttnValueError(
+            f"flash_attn: {name} needs 16-byte aligned rows (every stride a multiple of 8 "
+            f"elements), got strides {tuple(strides)}; it is updated in place, so it "
+            "is not copied: pass a contiguous cache"
+        )
+    if (cache.is_cuda or cache.is_cpu) and cache.numel() > 0 and not _is_compiling() \
+            and cache.data_ptr() % 16 != 0:
         raise FlashAttnValueError(
             f"flash_attn: {name} must start at a 16-byte aligned address; it is updated in place, "
             "so it is not copied: pass a cache that does not start mid-row"

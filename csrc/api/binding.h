@@ -115,6 +115,13 @@ at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, 
 const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
                          at::Tensor &holder);
 void check_block_table(const at::Tensor &block_table, int64_t b, const at::Tensor &q);
+// The device-side KV-cache guard (api/index_guard.h) on the current stream: its int32 buffer
+// [skip flag, cache_seqlens (b), seqused (b), batch_idx (b), leftpad (b)], the values or zeros when
+// one is out of range (api/index_checks.cpp).
+at::Tensor run_kvcache_guard(const at::Tensor &q, const std::optional<at::Tensor> &cache_seqlens,
+                             const std::optional<at::Tensor> &batch_idx, const std::optional<at::Tensor> &leftpad,
+                             const std::optional<at::Tensor> &block_table, int64_t default_seqlen, int64_t seqlen_new,
+                             int64_t seqlen_cache, int64_t batch_cache, int64_t page_block_size, int64_t num_blocks);
 
 // The entry points (dense.cpp, varlen.cpp, kvcache.cpp); their arguments are documented at the
 // The entry points' pybind11 definitions, one per file (dense.cpp, varlen.cpp, kvcache.cpp,

@@ -36,11 +36,10 @@ flash::PagedKeys paged_keys(const std::optional<at::Tensor> &block_table, int64_
 
 }  // namespace
 
-static std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
-                                             std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
-                                             std::optional<at::Tensor> block_table, int64_t default_seqlen,
-                                             int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
-                                             int64_t page_block_size, int64_t num_blocks) {
+at::Tensor run_kvcache_guard(const at::Tensor &q, const std::optional<at::Tensor> &cache_seqlens,
+                             const std::optional<at::Tensor> &batch_idx, const std::optional<at::Tensor> &leftpad,
+                             const std::optional<at::Tensor> &block_table, int64_t default_seqlen, int64_t seqlen_new,
+                             int64_t seqlen_cache, int64_t batch_cache, int64_t page_block_size, int64_t num_blocks) {
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t b = q.size(0);
     at::Tensor seqlens_c, batch_idx_c, leftpad_c;
@@ -60,7 +59,17 @@ static std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<
     if (b > 0) flash::guard_kvcache_indices(args, c10::cuda::getCurrentCUDAStream().stream());
     const std::string err = flash::last_launch_error();
     FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
-    // [skip flag, cache_seqlens, seqused, batch_idx, leftpad]
+    return safe;
+}
+
+static std::vector<at::Tensor> kvcache_guard(const at::Tensor &q, std::optional<at::Tensor> cache_seqlens,
+                                             std::optional<at::Tensor> batch_idx, std::optional<at::Tensor> leftpad,
+                                             std::optional<at::Tensor> block_table, int64_t default_seqlen,
+                                             int64_t seqlen_new, int64_t seqlen_cache, int64_t batch_cache,
+                                             int64_t page_block_size, int64_t num_blocks) {
+    const at::Tensor safe = run_kvcache_guard(q, cache_seqlens, batch_idx, leftpad, block_table, default_seqlen,
+                                              seqlen_new, seqlen_cache, batch_cache, page_block_size, num_blocks);
+    const int64_t b = q.size(0);
     return {safe.narrow(0, 0, 1), safe.narrow(0, 1, b), safe.narrow(0, 1 + b, b), safe.narrow(0, 1 + 2 * b, b),
             safe.narrow(0, 1 + 3 * b, b)};
 }

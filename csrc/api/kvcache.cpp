@@ -9,7 +9,8 @@ namespace flash::api {
 
 // ---------------------------------------------------------------------------------------------
 // KV-cache attention (the kernel part of flash_attn_with_kvcache; the append of new keys and the
-// rotary embedding happen before, in Python). q (b, seqlen_q, h, d); k_cache / v_cache
+// rotary embedding happen before, in Python). guard_indices: run the device-side index guard first
+// (calls without new keys; with new keys Python runs it before the append). q (b, seqlen_q, h, d); k_cache / v_cache
 // (b_cache, seqlen_cache, h_k, d) or paged (num_blocks, page_block_size, h_k, d) with
 // block_table (b, max_blocks_per_seq). Sequence b sees cache rows [leftpad[b], seqused_k[b]).
 // ---------------------------------------------------------------------------------------------
@@ -37,7 +38,7 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
                                                double softmax_scale, bool is_causal, int64_t window_left,
                                                int64_t window_right, int64_t num_splits, double softcap,
                                                std::optional<at::Tensor> alibi_slopes,
-                                               std::optional<at::Tensor> learnable_sink) {
+                                               std::optional<at::Tensor> learnable_sink, bool guard_indices) {
     const bool paged = block_table_.has_value();
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
@@ -95,6 +96,19 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
         params.page_block_size = static_cast<int>(k_cache.size(1));
     }
     params.kv_cache_batch = static_cast<int>(k_cache.size(0));
+    at::Tensor guarded;
+    if (guard_indices) {
+        // Values the host did not check: the kernels read the device-side guard's copies, all zeros
+        // (no key rows) when one is out of range. Run here rather than as a call of its own, since
+        // a decoding step is tens of microseconds and each call from Python costs some.
+        guarded = run_kvcache_guard(q, seqused_k_, batch_idx_, leftpad_k_, block_table_, seqlen_k, /*seqlen_new=*/0,
+                                    seqlen_k, k_cache.size(0), paged ? k_cache.size(1) : 0,
+                                    paged ? k_cache.size(0) : 0);
+        const int *safe = guarded.data_ptr<int>();
+        if (seqused_k_.has_value() || paged) params.seqused_k = safe + 1 + b;
+        if (batch_idx_.has_value()) params.kv_batch_idx = safe + 1 + 2 * b;
+        if (leftpad_k_.has_value()) params.leftpad_k = safe + 1 + 3 * b;
+    }
 
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     const int64_t packed_rows = sq * (h / h_k);
@@ -147,7 +161,8 @@ void bind_kvcache(py::module_ &m) {
           py::arg("k_cache"), py::arg("v_cache"), py::arg("seqused_k"), py::arg("leftpad_k"), py::arg("batch_idx"),
           py::arg("block_table"), py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left"),
           py::arg("window_size_right"), py::arg("num_splits"), py::arg("softcap") = 0.0,
-          py::arg("alibi_slopes") = py::none(), py::arg("learnable_sink") = py::none());
+          py::arg("alibi_slopes") = py::none(), py::arg("learnable_sink") = py::none(),
+          py::arg("guard_indices") = false);
 }
 
 }  // namespace flash::api

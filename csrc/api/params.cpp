@@ -86,7 +86,9 @@ bool is_aligned(const at::Tensor &t) {
 at::Tensor aligned(const at::Tensor &t) { return is_aligned(t) ? t : t.contiguous(); }
 
 // An output the caller supplied, or a fresh one; a supplied but unaligned one gets a temporary
-// that is copied back with copy_back().
+// that is copied back with copy_back(). A fresh one has `like`'s layout where that is dense (as
+// upstream's empty_like): SDPA's (batch, nheads, seqlen, headdim) tensors reach the kernels as
+// transposed views, and an output in their layout needs no copy afterwards.
 at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *name, at::IntArrayRef shape,
                          const at::Tensor &like) {
     if (given.has_value()) {
@@ -94,6 +96,10 @@ at::Tensor output_or_new(const std::optional<at::Tensor> &given, const char *nam
         FLASH_CHECK(t.sizes() == shape, "flash_attn: ", name, " must have shape ", shape, ", got ", t.sizes());
         FLASH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), "flash_attn: ", name,
                     " must have dtype ", like.scalar_type(), " on ", like.device());
+        if (is_aligned(t)) return t;
+    }
+    if (like.sizes() == shape) {
+        at::Tensor t = at::empty_like(like);
         if (is_aligned(t)) return t;
     }
     return at::empty(shape, like.options());
