@@ -936,6 +936,11 @@ KV_BAD_GPU = [
     ("negative batch_idx", dict(cache_batch_idx="NEG"), "cache_batch_idx"),
     ("leftpad > seqlens", dict(cache_leftpad="OVER"), "cache_leftpad"),
     ("negative leftpad", dict(cache_leftpad="NEG"), "cache_leftpad"),
+    ("negative seqlens, no new", dict(cache_seqlens="NEG", new=False), "cache_seqlens"),
+    ("batch_idx past the batch, no new", dict(cache_batch_idx="OVER", new=False), "cache_batch_idx"),
+    ("negative batch_idx, no new", dict(cache_batch_idx="NEG", new=False), "cache_batch_idx"),
+    ("leftpad > seqlens, no new", dict(cache_leftpad="OVER", new=False), "cache_leftpad"),
+    ("negative leftpad, no new", dict(cache_leftpad="NEG", new=False), "cache_leftpad"),
     ("block_table entry past num_blocks", dict(page=16, table="OVER"), "block_table"),
     ("negative block_table entry", dict(page=16, table="NEG"), "block_table"),
     ("block_table too few columns", dict(page=16, table="FEW"), "cache_seqlens"),
@@ -1024,6 +1029,40 @@ def test_varlen_bad_values_raise(case, kw, name, check_mode):
     torch.autograd.grad(out, (q, k), torch.randn_like(out))
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_kvcache_checks_in_the_split_kernels_report_the_first_bad_value(num_splits, check_mode):
+    """Decoding on a contiguous cache without new keys: the split-KV kernels check each
+    sequence's values themselves. With several bad sequences the error is the one the host
+    checks report first (code order, then sequence), and the good sequences are computed."""
+    require_config(torch.bfloat16, 128)
+    import flash_attn
+
+    b, sc, hk, d = 6, 64, 2, 128
+    q = torch.randn(b, 1, 8, d, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = _i32c(10, 70, 64, 5, -1, 20)  # 1 and 4 bad: -1 (sequence 4) is reported first
+    _expect_rejected(lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                     num_splits=num_splits),
+                     r"cache_seqlens\[4\] = -1", check_mode)
+    if check_mode == "device":
+        good = _i32c(10, 1, 64, 5, 1, 20)
+        out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match=r"cache_seqlens\[4\] = -1"):
+            flash_attn.check_index_errors()
+        ref = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=good, num_splits=num_splits)
+        for i in (0, 2, 3, 5):
+            assert torch.equal(out[i], ref[i]), i
+        assert not out[1].any() and not out[4].any()  # rejected sequences attend to nothing
+        batch_idx = _i32c(0, 1, 9, 3, 4, 7)
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=good, cache_batch_idx=batch_idx,
+                                num_splits=num_splits)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match=r"cache_batch_idx\[2\] = 9"):
+            flash_attn.check_index_errors()
+        flash_attn.check_index_errors()
 
 
 def test_device_guard_in_a_cuda_graph():

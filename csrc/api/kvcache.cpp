@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "api/index_guard.h"
 #include "common/heuristics.h"
 
 namespace flash::api {
@@ -96,11 +97,22 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
         params.page_block_size = static_cast<int>(k_cache.size(1));
     }
     params.kv_cache_batch = static_cast<int>(k_cache.size(0));
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    const int64_t packed_rows = sq * (h / h_k);
+    // The split-KV kernel reads each K/V tile once for all packed rows of a 16-row block: it wins
+    // for decoding (few rows) and is the one that reads paged caches and splits the keys.
+    const bool use_split = paged || num_splits > 1 || packed_rows <= 64;
+    // Values the host did not check (guard_indices). The split-KV kernels check a contiguous
+    // cache's values themselves, each CTA its own sequence's; otherwise the device-side guard runs
+    // first and the kernels read its copies, all zeros (no key rows) when one is out of range. A
+    // decoding step is tens of microseconds, so neither costs a call from Python, and the first
+    // costs no launch either.
     at::Tensor guarded;
-    if (guard_indices) {
-        // Values the host did not check: the kernels read the device-side guard's copies, all zeros
-        // (no key rows) when one is out of range. Run here rather than as a call of its own, since
-        // a decoding step is tens of microseconds and each call from Python costs some.
+    flash::IndexErrorRecord *record = guard_indices && use_split && !paged ? flash::index_error_record() : nullptr;
+    if (record != nullptr) {
+        params.kv_index_record = record;
+        params.kv_cache_rows = static_cast<int>(seqlen_k);
+    } else if (guard_indices) {
         guarded = run_kvcache_guard(q, seqused_k_, batch_idx_, leftpad_k_, block_table_, seqlen_k, /*seqlen_new=*/0,
                                     seqlen_k, k_cache.size(0), paged ? k_cache.size(1) : 0,
                                     paged ? k_cache.size(0) : 0);
@@ -109,12 +121,6 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
         if (batch_idx_.has_value()) params.kv_batch_idx = safe + 1 + 2 * b;
         if (leftpad_k_.has_value()) params.leftpad_k = safe + 1 + 3 * b;
     }
-
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-    const int64_t packed_rows = sq * (h / h_k);
-    // The split-KV kernel reads each K/V tile once for all packed rows of a 16-row block: it wins
-    // for decoding (few rows) and is the one that reads paged caches and splits the keys.
-    const bool use_split = paged || num_splits > 1 || packed_rows <= 64;
     bool found;
     at::Tensor oaccum, lse_accum;
     if (use_split) {

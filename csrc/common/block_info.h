@@ -8,17 +8,23 @@ namespace flash {
 
 struct BlockInfo {
     template <typename Params>
-    __device__ BlockInfo(const Params &params, const int bidb)
+    __device__ BlockInfo(const Params &params, const int bidb) : BlockInfo(params, bidb, false) {}
+
+    // kv_rejected: a KV-cache sequence whose index values are out of range (kv_index_check.h),
+    // run as one without keys, reading none of them.
+    template <typename Params>
+    __device__ BlockInfo(const Params &params, const int bidb, const bool kv_rejected)
         : sum_s_q(params.cu_seqlens_q == nullptr ? -1 : params.cu_seqlens_q[bidb]),
           sum_s_k(params.cu_seqlens_k == nullptr ? -1 : params.cu_seqlens_k[bidb]),
-          leftpad_k(params.leftpad_k == nullptr ? 0 : params.leftpad_k[bidb]),
-          bidb_k(params.kv_batch_idx == nullptr ? bidb : params.kv_batch_idx[bidb]),
+          leftpad_k(kv_rejected || params.leftpad_k == nullptr ? 0 : params.leftpad_k[bidb]),
+          bidb_k(kv_rejected ? 0 : params.kv_batch_idx == nullptr ? bidb : params.kv_batch_idx[bidb]),
           seqlen_q(params.cu_seqlens_q == nullptr ? params.seqlen_q
                                                   : params.cu_seqlens_q[bidb + 1] - sum_s_q),
-          seqlen_k((params.seqused_k != nullptr ? params.seqused_k[bidb]
-                    : params.cu_seqlens_k == nullptr ? params.seqlen_k
-                                                     : params.cu_seqlens_k[bidb + 1] - sum_s_k) -
-                   leftpad_k) {}
+          seqlen_k(kv_rejected ? 0
+                               : (params.seqused_k != nullptr ? params.seqused_k[bidb]
+                                  : params.cu_seqlens_k == nullptr ? params.seqlen_k
+                                                                   : params.cu_seqlens_k[bidb + 1] - sum_s_k) -
+                                     leftpad_k) {}
 
     // Offset of row 0 of this batch element, in elements.
     __device__ int64_t q_offset(int64_t batch_stride, int64_t row_stride, int bidb) const {

@@ -10,6 +10,7 @@
 
 #include "common/block_info.h"
 #include "common/flash.h"
+#include "common/kv_index_check.h"
 #include "common/softmax.h"
 #include "common/utils.h"
 
@@ -52,6 +53,7 @@ template <int kBlockM_>
 struct SplitKVBlock {
     static constexpr int kBlockM = kBlockM_;
     int m_block, split, bidb, bidh_k, g;
+    int kv_error;  // the sequence's bad KV-cache index value, when the kernel checks them
     BlockInfo binfo;
     int seqlen_q, seqlen_k, packed_rows, p0, diag;
 
@@ -61,12 +63,18 @@ struct SplitKVBlock {
           bidb(blockIdx.x / params.h_k),
           bidh_k(blockIdx.x % params.h_k),
           g(params.h_h_k_ratio),
-          binfo(params, bidb),
+          kv_error(params.kv_index_record == nullptr ? int(kIndexOk) : kv_index_error(params, bidb)),
+          binfo(params, bidb, kv_error != kIndexOk),
           seqlen_q(binfo.seqlen_q),
           seqlen_k(binfo.seqlen_k),
           packed_rows(seqlen_q * g),
           p0(m_block * kBlockM),
-          diag(seqlen_k - seqlen_q) {}
+          diag(seqlen_k - seqlen_q) {
+        // The sequence's first CTA reports.
+        if (kv_error != kIndexOk && threadIdx.x == 0 && m_block == 0 && split == 0 && bidh_k == 0) {
+            report_kv_index_error(params, bidb, kv_error);
+        }
+    }
     // No packed row of the block is in the sequence (uniform over the CTA).
     __forceinline__ __device__ bool empty() const { return p0 >= packed_rows; }
 };

@@ -1,0 +1,52 @@
+// The KV-cache index values a split-KV CTA checks for its own sequence when the host did not
+// (FwdParams::kv_index_record): calls without new keys on a contiguous cache, where the separate
+// guard kernel (api/index_guard.h) would cost a launch on a decoding step of tens of microseconds.
+#pragma once
+
+#include "common/flash.h"
+#include "common/index_error.h"
+
+namespace flash {
+
+// The first bad index value of sequence i (kIndexOk: none), in the host checks' order.
+__forceinline__ __device__ int kv_index_error(const FwdParams &p, int i) {
+    const int rows = p.seqused_k != nullptr ? p.seqused_k[i] : p.kv_cache_rows;
+    if (rows < 0) return kCacheSeqlensNegative;
+    if (rows > p.kv_cache_rows) return kCacheSeqlensPastEnd;
+    if (p.kv_batch_idx != nullptr && (p.kv_batch_idx[i] < 0 || p.kv_batch_idx[i] >= p.kv_cache_batch)) {
+        return kCacheBatchIdxRange;
+    }
+    if (p.leftpad_k != nullptr && (p.leftpad_k[i] < 0 || p.leftpad_k[i] > rows)) return kCacheLeftpadRange;
+    return kIndexOk;
+}
+
+// Called by one thread for a sequence i with a bad value `code`: writes it to the host record
+// unless another sequence's error comes first (its own CTA writes that one), so that one thread
+// writes the record and the error is the one the host checks would report. Out of line: only a
+// rejected call runs it.
+__noinline__ __device__ void report_kv_index_error(const FwdParams &p, int i, int code) {
+    for (int j = 0; j < p.b; ++j) {
+        const int cj = j == i ? kIndexOk : kv_index_error(p, j);
+        if (cj != kIndexOk && (cj < code || (cj == code && j < i))) return;
+    }
+    volatile IndexErrorRecord *r = p.kv_index_record;
+    if (r->code != kIndexOk) return;  // an earlier call's error, not yet taken by the host
+    const int rows = p.seqused_k != nullptr ? p.seqused_k[i] : p.kv_cache_rows;
+    long long value = rows, limit = 0;
+    if (code == kCacheSeqlensPastEnd) {
+        limit = p.kv_cache_rows;
+    } else if (code == kCacheBatchIdxRange) {
+        value = p.kv_batch_idx[i], limit = p.kv_cache_batch;
+    } else if (code == kCacheLeftpadRange) {
+        value = p.leftpad_k[i], limit = rows;
+    }
+    r->index = i;
+    r->column = 0;  // the new rows: none on this path
+    r->value = value;
+    r->limit = limit;
+    __threadfence_system();
+    r->code = code;
+    __threadfence_system();
+}
+
+}  // namespace flash
