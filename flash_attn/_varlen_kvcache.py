@@ -509,6 +509,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Arguments:
         q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or with block_table
             (num_blocks, page_block_size, nheads_k, headdim), page_block_size a multiple of 16.
+            v's head dim headdim_v <= 256 may differ from headdim (as flash_attn_func).
         cu_seqlens_q, cu_seqlens_k: (batch_size + 1,) int32 cumulative lengths.
         max_seqlen_q, max_seqlen_k: ints (or 0-d integer tensors), at least the longest query /
             key sequence. cu_seqlens must start at 0, be non-decreasing and end at most at
@@ -528,7 +529,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             column j of sequence b's own block, dropped elements negated; else empty.
         learnable_sink (keyword only): (nheads,) fp32 / bf16 / fp16 attention-sink logits, as
             flash_attn_func.
-    Returns out (total_q, nheads, headdim) [, softmax_lse (nheads, total_q) fp32, S_dmask].
+    Returns out (total_q, nheads, headdim_v) [, softmax_lse (nheads, total_q) fp32, S_dmask].
     Rows past cu_seqlens_q[-1] get zeros (and zero gradients); a query row that sees no key gets
     out = 0 and lse = +inf (the sink's logit with learnable_sink).
     """
@@ -900,7 +901,8 @@ def flash_attn_with_kvcache(
         q: (batch_size, seqlen, nheads, headdim).
         k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim), or with
             block_table (num_blocks, page_block_size, nheads_k, headdim) where page_block_size is
-            any multiple of 16.
+            any multiple of 16.  One head dim for q and both caches: the caches are read and
+            appended to in place, and a padded copy per call would cost more than the attention.
         k, v [optional]: (batch_size, seqlen_new, nheads_k, headdim).
         rotary_cos, rotary_sin [optional]: (seqlen_ro, rotary_dim / 2), rotary_dim a multiple
             of 16 and <= headdim.

@@ -460,7 +460,7 @@ _COMMON_ARGS_DOC = """
             comes from PyTorch's CUDA generator (Philox), so torch.manual_seed reproduces it.
         softmax_scale: float. The scaling of QK^T before the softmax: any finite value,
             0 (uniform attention over the visible keys) and negative ones included.
-            Defaults to 1 / sqrt(headdim).
+            Defaults to 1 / sqrt(headdim), q's head dim.
         causal: bool. Whether to apply the causal (auto-regressive) mask.
         window_size: (left, right) ints, as a tuple, a list or a 2-element integer tensor.
             If not (-1, -1), implements sliding-window local attention (see above); a
@@ -481,7 +481,7 @@ _COMMON_ARGS_DOC = """
             out = sum_j exp(s_j - lse) v_j with lse = log(exp(sink[h]) + sum_j exp(s_j)).
             Differentiable (its gradient has its dtype).
     Return:
-        out: (batch_size, seqlen, nheads, headdim).
+        out: (batch_size, seqlen, nheads, headdim_v), v's head dim (headdim when packed).
         softmax_lse [if return_attn_probs=True]: (batch_size, nheads, seqlen), fp32. The
             logsumexp of each row of QK^T * softmax_scale (the log of the softmax
             normalizer, the sink's term included).
@@ -566,7 +566,9 @@ flash_attn_func.__doc__ = (
         q: (batch_size, seqlen_q, nheads, headdim), fp16 or bf16, on a CUDA device, with a
             contiguous last dimension; headdim <= 256.
         k: (batch_size, seqlen_k, nheads_k, headdim), same dtype and device as q.
-        v: (batch_size, seqlen_k, nheads_k, headdim), same dtype and device as q.
+        v: (batch_size, seqlen_k, nheads_k, headdim_v), same dtype and device as q.
+            headdim_v <= 256 may differ from headdim (DeepSeek MLA: 192 and 128), as in
+            upstream FA3; the kernels then run at the larger head dim on zero-padded copies.
 """
     + _COMMON_ARGS_DOC
 )
