@@ -490,7 +490,7 @@ class CpuExt:
         r = lambda x: (x + 127) // 128 * 128  # noqa: E731
         s = (torch.zeros(b, h, r(sq), r(k.shape[1]), dtype=q.dtype) if return_softmax
              else torch.empty(0, dtype=q.dtype))
-        return o.to(q.dtype), lse, s, torch.zeros(2, dtype=torch.int64)
+        return o.to(q.dtype).contiguous(), lse, s, torch.zeros(2, dtype=torch.int64)
 
     def bwd(self, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
             wl, wr, softcap, alibi, dropout_p, rng_state):
