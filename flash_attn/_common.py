@@ -162,8 +162,9 @@ def pad_head_dim(x, head_dim):
 
 
 def _pad_to_multiple_of_8(x, head_size_og):
-    """The kernels need headdim % 8 == 0: zero-pad the last dimension (as upstream)."""
-    return pad_head_dim(x, round_multiple(head_size_og, 8))
+    """The kernels need headdim % 8 == 0: zero-pad the last dimension by what head_size_og
+    lacks of a multiple of 8 (as upstream)."""
+    return pad_head_dim(x, x.shape[-1] + (-head_size_og) % 8)
 
 
 def check_head_dims(q, k, v, names=("q", "k", "v")):

@@ -703,7 +703,7 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
         raise FlashAttnValueError(
             f"flash_attn: q has headdim {headdim}; headdim must be between 1 and {_MAX_HEADDIM}"
         )
-    if v_cache.dim() == k_cache.dim() and v_cache.shape[-1] != k_cache.shape[-1]:
+    if v_cache.shape[-1] != k_cache.shape[-1]:
         # flash_attn_func / flash_attn_varlen_func run such head dims on zero-padded copies; a
         # cache is appended to and read in place, and a padded copy of it every step would cost
         # more than the attention.
