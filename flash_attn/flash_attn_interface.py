@@ -190,7 +190,8 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
     if v.shape[:3] != k.shape[:3]:
         raise FlashAttnValueError(
             f"flash_attn: v must have the same shape as k but for the head dim (batch_size, "
-            f"seqlen_k, nheads_k, headdim_v), got {vn} shape {_fmt_shape(v)} and {kn} shape {_fmt_shape(k)}"
+            f"seqlen_k, nheads_k, headdim_v), got {vn} shape {_fmt_shape(v)} and {kn} shape "
+            f"{_fmt_shape(k)}"
         )
     if seqlen_q < 1:
         raise FlashAttnValueError(

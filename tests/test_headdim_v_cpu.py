@@ -54,9 +54,11 @@ def _varlen(d_qk, d_v, lens_q=(5, 0, 9), lens_k=(7, 3, 9), h=6, hk=2, **kw):
 def _bad_dense(case, device):
     q, k, v = _dense(192, 128, device=device)
     return {
-        "k_headdim": ((q, k[..., :128], v), r"^flash_attn: k has headdim 128 but q has headdim 192"),
+        "k_headdim": ((q, k[..., :128], v),
+                      r"^flash_attn: k has headdim 128 but q has headdim 192"),
         "v_headdim_too_large": ((q, k, _t(2, 23, 2, 264, device=device)),
-                                r"^flash_attn: v has headdim 264; headdim must be between 1 and 256"),
+                                r"^flash_attn: v has headdim 264; headdim must be between 1 and "
+                                r"256"),
         "v_headdim_zero": ((q, k, v[..., :0]), r"^flash_attn: v has headdim 0"),
         "v_seqlen": ((q, k, v[:, :5]), r"^flash_attn: v must have the same shape as k but for "
                                         r"the head dim"),
