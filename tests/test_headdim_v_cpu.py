@@ -157,6 +157,10 @@ def test_fake_ops_on_meta(d_qk, d_v):
     assert torch.ops.flash_attn._flash_attn_backward(*bwd_args).shape == (2, 6, 128)
     torch.library.opcheck(torch.ops.flash_attn._flash_attn_forward.default, fwd_args)
     torch.library.opcheck(torch.ops.flash_attn._flash_attn_backward.default, bwd_args)
+    # A q in another layout: the kernel's out is cut to v's head dim, a contiguous copy.
+    q_t = _t(2, 6, 17, d_qk).transpose(1, 2)
+    out_t = torch.ops.flash_attn._flash_attn_forward(q_t, *fwd_args[1:])[0]
+    assert out_t.shape == (2, 17, 6, d_v) and out_t.is_contiguous()
 
     q, k, v, cu_q, cu_k, mq, mk = _varlen(d_qk, d_v)
     out, lse, _, rng = torch.ops.flash_attn._flash_attn_varlen_forward(
