@@ -146,11 +146,89 @@ def maybe_contiguous(x):
     return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
+def kernel_head_dim(head_dim_qk, head_dim_v):
+    """The one head dim the kernels run q, k and v at: the larger of q/k's and v's, rounded up
+    to a multiple of 8 (the kernels move 16-byte vectors).  Zero columns appended to q and k add
+    nothing to the scores; zero columns appended to v give zero output columns, cut off after
+    the kernel.  So a v head dim other than q/k's (MLA: 192 and 128) runs at the larger one."""
+    return round_multiple(max(head_dim_qk, head_dim_v), 8)
+
+
+def pad_head_dim(x, head_dim):
+    """x zero-padded in its last dimension to head_dim; x itself (no copy) when it has it."""
+    if x is None or x.shape[-1] == head_dim:
+        return x
+    return F.pad(x, [0, head_dim - x.shape[-1]])
+
+
 def _pad_to_multiple_of_8(x, head_size_og):
-    """The kernels need headdim % 8 == 0: zero-pad the last dimension (as upstream)."""
-    if head_size_og % 8 != 0:
-        return F.pad(x, [0, 8 - head_size_og % 8])
-    return x
+    """The kernels need headdim % 8 == 0: zero-pad the last dimension by what head_size_og
+    lacks of a multiple of 8 (as upstream)."""
+    return pad_head_dim(x, x.shape[-1] + (-head_size_og) % 8)
+
+
+def check_head_dims(q, k, v, names=("q", "k", "v")):
+    """The head dims (last dimension) of q, k, v: k's must be q's, each of q's and v's in
+    [1, _MAX_HEADDIM]; v's may differ from q's (see kernel_head_dim)."""
+    qn, kn, vn = names
+    for x, name in ((q, qn), (v, vn)):
+        if not (1 <= x.shape[-1] <= _MAX_HEADDIM):
+            raise FlashAttnValueError(
+                f"flash_attn: {name} has headdim {x.shape[-1]}; headdim must be between 1 and "
+                f"{_MAX_HEADDIM}"
+            )
+    if k.shape[-1] != q.shape[-1]:
+        raise FlashAttnValueError(
+            f"flash_attn: {kn} has headdim {k.shape[-1]} but {qn} has headdim {q.shape[-1]}; q "
+            "and k must have the same headdim (v's may differ)"
+        )
+
+
+def pad_qkv(q, k, v, names=("q", "k", "v")):
+    """(q, k, v) at kernel_head_dim: the tensors themselves when the head dims of q and v are
+    equal and a multiple of 8 (the callers that pad already pay nothing more), else padded
+    copies, after check_head_dims (padding must not hide a k whose head dim is not q's)."""
+    d = kernel_head_dim(q.shape[-1], v.shape[-1])
+    if q.shape[-1] == v.shape[-1] == d:
+        return q, k, v
+    check_head_dims(q, k, v, names)
+    return pad_head_dim(q, d), pad_head_dim(k, d), pad_head_dim(v, d)
+
+
+def out_at_head_dim(out, head_dim_v):
+    """The forward ops' out cut back to v's head dim: out itself when the kernel ran at it, else
+    a contiguous copy (the ops' fakes promise a contiguous out)."""
+    return out if out.shape[-1] == head_dim_v else out[..., :head_dim_v].contiguous()
+
+
+def grads_at_kernel_head_dim(dout, q, k, v, out, dq, dk, dv):
+    """The backward ops' tensors at kernel_head_dim (see pad_qkv): (dout, q, k, v, out, grads),
+    grads the buffers for the kernel to write dq, dk, dv into: the given ones where the kernel
+    runs at their head dim, else new ones, which copy_grads_back writes back."""
+    grads = [dq, dk, dv]
+    q_p, k_p, v_p = pad_qkv(q, k, v)
+    d = q_p.shape[-1]
+    if q_p is q and v_p is v:
+        return dout, q, k, v, out, grads
+    for i, (g, x, name) in enumerate(((dq, q, "q"), (dk, k, "k"), (dv, v, "v"))):
+        if g is None:
+            continue
+        if g.shape != x.shape:
+            raise FlashAttnValueError(
+                f"flash_attn: d{name} must have {name}'s shape {tuple(x.shape)}, got "
+                f"{tuple(g.shape)}"
+            )
+        if g.shape[-1] != d:
+            grads[i] = g.new_empty(g.shape[:-1] + (d,))
+    return pad_head_dim(dout, d), q_p, k_p, v_p, pad_head_dim(out, d), grads
+
+
+def copy_grads_back(given, grads):
+    """Write the gradients the kernel wrote into new buffers (grads_at_kernel_head_dim) into the
+    caller's dq, dk, dv, cut to their head dims."""
+    for g, buf in zip(given, grads):
+        if g is not None and buf is not g:
+            g.copy_(buf[..., :g.shape[-1]])
 
 
 def _default_softmax_scale(softmax_scale, head_size_og):
@@ -221,11 +299,16 @@ def kernel_output_like(q):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
-def fake_forward_outputs(q, lse_shape, return_softmax, batch_size, seqlen_q, seqlen_k):
-    """(out, softmax_lse, S_dmask, rng_state) as the forward kernels return them, for the fakes:
-    S_dmask (return_softmax) is (batch, nheads, round128(seqlen_q), round128(seqlen_k))."""
+def fake_forward_outputs(q, v, lse_shape, return_softmax, batch_size, seqlen_q, seqlen_k):
+    """(out, softmax_lse, S_dmask, rng_state) as the forward ops return them, for the fakes: out
+    has q's shape with v's head dim, in q's layout where the kernel writes it as it is (no
+    padding, see kernel_output_like), else contiguous (out_at_head_dim); S_dmask
+    (return_softmax) is (batch, nheads, round128(seqlen_q), round128(seqlen_k))."""
     num_heads = q.shape[-2]
-    out = kernel_output_like(q)
+    if q.shape[-1] == v.shape[-1] == kernel_head_dim(q.shape[-1], v.shape[-1]):
+        out = kernel_output_like(q)
+    else:
+        out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
     softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     if return_softmax:
         S_dmask = torch.empty((batch_size, num_heads, round_multiple(seqlen_q, 128),
@@ -249,10 +332,11 @@ def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scal
     as forward_fn(q, k, v, *index_args, dropout_p, softmax_scale, ...)), save for backward.
     q, k, v are unpacked (views into a packed tensor are fine); packed: how the Function got
     them (see attention_grads).  The saved tensors are (q, k, v, out, softmax_lse,
-    *saved_index, [learnable_sink,] rng_state), all padded."""
-    head_size_og = q.shape[-1]
-    softmax_scale = _default_softmax_scale(softmax_scale, head_size_og)
-    q, k, v = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, k, v)]
+    *saved_index, [learnable_sink,] rng_state), all at kernel_head_dim: v's head dim may differ
+    from q's and k's (checked by the caller), and out gets v's."""
+    head_dim_qk, head_dim_v = q.shape[-1], v.shape[-1]
+    softmax_scale = _default_softmax_scale(softmax_scale, head_dim_qk)
+    q, k, v = pad_qkv(q, k, v)
     out_padded, softmax_lse, S_dmask, rng_state = forward_fn(
         q, k, v, *index_args, dropout_p, softmax_scale, causal=causal,
         window_size_left=window_size[0], window_size_right=window_size[1], softcap=softcap,
@@ -272,7 +356,8 @@ def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scal
         ctx.alibi_slopes = alibi_slopes
         ctx.deterministic = deterministic
         ctx.packed = packed
-    out = out_padded[..., :head_size_og]
+        ctx.head_dim_qk = head_dim_qk
+    out = out_padded[..., :head_dim_v]
     return out if not return_softmax else (out, softmax_lse, S_dmask)
 
 
@@ -284,7 +369,7 @@ def padded_backward(ctx, backward_fn, dout, dq, dk, dv, index_args=()):
     saved = ctx.saved_tensors
     q, k, v, out, softmax_lse, rng_state = saved[:5] + saved[-1:]
     return backward_fn(
-        _pad_to_multiple_of_8(dout, dout.shape[-1]), q, k, v, out, softmax_lse, dq, dk, dv,
+        pad_head_dim(dout, q.shape[-1]), q, k, v, out, softmax_lse, dq, dk, dv,
         *index_args, ctx.dropout_p, ctx.softmax_scale, ctx.causal, ctx.window_size[0],
         ctx.window_size[1], ctx.softcap, ctx.alibi_slopes, ctx.deterministic,
         rng_state=rng_state,
@@ -348,8 +433,9 @@ def _empty_packed(x, n):
 
 
 def attention_grads(ctx, dout, run_backward):
-    """The gradients an autograd Function returns, its tensor inputs' cut back to the head dim
-    the caller passed: (dqkv,) for one packed qkv (ctx.packed == 3), (dq, dkv) for q and a
+    """The gradients an autograd Function returns, its tensor inputs' cut back to the head dims
+    the caller passed (q's for dq and dk, v's = dout's for dv; the packed inputs have one head
+    dim): (dqkv,) for one packed qkv (ctx.packed == 3), (dq, dkv) for q and a
     packed kv (2), else (dq, dk, dv); the learnable sink's for the Function's last input; None
     for every other input.  run_backward(ctx, dout, dq, dk, dv) writes them (through views for
     the packed ones) and returns the sink's gradient (None without a sink)."""
@@ -365,9 +451,10 @@ def attention_grads(ctx, dout, run_backward):
     else:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
         dsink = run_backward(ctx, dout, *grads)
-    d = dout.shape[-1]
+    # The last gradient holds v's (dv, dkv or dqkv); the ones before it q's or k's.
+    head_dims = (ctx.head_dim_qk,) * (len(grads) - 1) + (dout.shape[-1],)
     rest = (None,) * (len(ctx.needs_input_grad) - len(grads) - 1) + (dsink,)
-    return tuple(g[..., :d] for g in grads) + rest
+    return tuple(g[..., :d] for g, d in zip(grads, head_dims)) + rest
 
 
 def attention_function(run_backward):

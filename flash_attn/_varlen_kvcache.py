@@ -34,7 +34,7 @@ from flash_attn._checks import (
 )
 from flash_attn._common import (
     _ALLOWED_DEVICE_TYPES, _HAS_CUSTOM_OP, _MAX_HEADDIM, _SUPPORTED_DTYPES, _default_softmax_scale,
-    _ext_for, _get_ext, _is_compiling, _pad_to_multiple_of_8, _torch_custom_op_wrapper,
+    _ext_for, _get_ext, _is_compiling, _torch_custom_op_wrapper,
     _torch_register_fake_wrapper, check_index_errors, fix_dq as _fix_dq,
     kernel_q_and_scale as _kernel_q_and_scale,
     maybe_contiguous,
@@ -164,19 +164,14 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_tensor(v, vn, kv_dims, kv_doc)
     _check_same(k, q, kn, qn)
     _check_same(v, q, vn, qn)
-    _, nheads, headdim = q.shape
+    _, nheads, _ = q.shape
     nheads_k = k.shape[-2]
-    if not (1 <= headdim <= _MAX_HEADDIM):
+    # v's head dim may differ from q's and k's (MLA); the packed forms have one head dim.
+    _common.check_head_dims(q, k, v, names)
+    if v.shape[:-1] != k.shape[:-1]:
         raise FlashAttnValueError(
-            f"flash_attn: {qn} has headdim {headdim}; headdim must be between 1 and {_MAX_HEADDIM}"
-        )
-    if k.shape[-1] != headdim:
-        raise FlashAttnValueError(
-            f"flash_attn: {kn} has headdim {k.shape[-1]} but {qn} has headdim {headdim}"
-        )
-    if v.shape != k.shape:
-        raise FlashAttnValueError(
-            f"flash_attn: {vn} must have the same shape as {kn}, got {_fmt_shape(v)} and {_fmt_shape(k)}"
+            f"flash_attn: {vn} must have the same shape as {kn} but for the head dim, got "
+            f"{_fmt_shape(v)} and {_fmt_shape(k)}"
         )
     if nheads < 1 or nheads_k < 1 or nheads % nheads_k != 0:
         raise FlashAttnValueError(
@@ -273,7 +268,9 @@ def _flash_attn_varlen_forward(
     _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
-    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    # v's head dim may differ from q's and k's (out gets v's): see _common.pad_qkv.
+    head_dim_v = v.shape[-1]
+    q, k, v = _common.pad_qkv(*[maybe_contiguous(x) for x in (q, k, v)])
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
     ext = _ext_for(q)
@@ -286,19 +283,20 @@ def _flash_attn_varlen_forward(
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, wl, wr, softcap,
         alibi_slopes, dropout_p, return_softmax, **_common.sink_kwargs(learnable_sink),
     )
-    return out, softmax_lse, S_dmask, rng_state
+    return _common.out_at_head_dim(out, head_dim_v), softmax_lse, S_dmask, rng_state
 
 
 @_common.register_fake_for("flash_attn::_flash_attn_varlen_forward", _flash_attn_varlen_forward)
-def _flash_attn_varlen_forward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
+def _flash_attn_varlen_forward_fake(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
                                     softcap, return_softmax, learnable_sink, **_):
+    _common.check_head_dims(q, k, v)
     _check_dropout_softcap(dropout_p, softcap)
     _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     _check_return_softmax(return_softmax, dropout_p)
     max_seqlen_q = _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     total_q, num_heads, _ = q.shape
-    return _common.fake_forward_outputs(q, (num_heads, total_q), return_softmax,
+    return _common.fake_forward_outputs(q, v, (num_heads, total_q), return_softmax,
                                         cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
 
 
@@ -318,25 +316,29 @@ def _flash_attn_varlen_backward(
     _common.check_rng_state(dropout_p, rng_state)
     max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
-    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv); head dims as
+    # the forward's (see _common.grads_at_kernel_head_dim).
+    dout, q, k, v, out, grads = _common.grads_at_kernel_head_dim(
+        *[maybe_contiguous(x) for x in (dout, q, k, v, out)], dq, dk, dv)
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
     ext = _ext_for(q)
     # As the forward: the kernel differentiates w.r.t. q', and dq follows from dq' (fix_dq).
     q, softmax_scale, sign = _kernel_q_and_scale(q, softmax_scale)
     _, _, _, softmax_d = ext.varlen_bwd(
-        dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+        dout, q, k, v, out, softmax_lse, *grads, cu_seqlens_q, cu_seqlens_k,
         max_seqlen_q, max_seqlen_k, softmax_scale, zero_tensors, causal, deterministic, wl, wr,
         softcap, alibi_slopes, dropout_p, rng_state if dropout_p > 0.0 else None,
     )
-    _fix_dq(dq, sign)
+    _fix_dq(grads[0], sign)
+    _common.copy_grads_back((dq, dk, dv), grads)
     return softmax_d
 
 
 @_common.register_fake_for("flash_attn::_flash_attn_varlen_backward", _flash_attn_varlen_backward)
-def _flash_attn_varlen_backward_fake(q, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
-                                     softcap, **_):
+def _flash_attn_varlen_backward_fake(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                                     dropout_p, softcap, **_):
+    _common.check_head_dims(q, k, v)
     _check_dropout_softcap(dropout_p, softcap)
     _checks.max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     _checks.max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
@@ -507,6 +509,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Arguments:
         q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), or with block_table
             (num_blocks, page_block_size, nheads_k, headdim), page_block_size a multiple of 16.
+            v's head dim headdim_v <= 256 may differ from headdim (as flash_attn_func).
         cu_seqlens_q, cu_seqlens_k: (batch_size + 1,) int32 cumulative lengths.
         max_seqlen_q, max_seqlen_k: ints (or 0-d integer tensors), at least the longest query /
             key sequence. cu_seqlens must start at 0, be non-decreasing and end at most at
@@ -526,7 +529,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             column j of sequence b's own block, dropped elements negated; else empty.
         learnable_sink (keyword only): (nheads,) fp32 / bf16 / fp16 attention-sink logits, as
             flash_attn_func.
-    Returns out (total_q, nheads, headdim) [, softmax_lse (nheads, total_q) fp32, S_dmask].
+    Returns out (total_q, nheads, headdim_v) [, softmax_lse (nheads, total_q) fp32, S_dmask].
     Rows past cu_seqlens_q[-1] get zeros (and zero gradients); a query row that sees no key gets
     out = 0 and lse = +inf (the sink's logit with learnable_sink).
     """
@@ -640,10 +643,9 @@ def _kvcache_impl(
         seqused = seqused.to(torch.int32)
     if seqlen_q == 1 and alibi_slopes is None:
         causal = False  # one query row sees every key a bottom-right causal mask allows (upstream)
-    head_size_og = q.shape[-1]
-    kc, vc = k_cache, v_cache
-    if head_size_og % 8 != 0:  # the kernel reads 16-byte chunks: attend on padded copies
-        q, kc, vc = [_pad_to_multiple_of_8(x, head_size_og) for x in (q, kc, vc)]
+    # The kernel reads 16-byte chunks: a head dim that is not a multiple of 8 attends on padded
+    # copies (out with v_cache's head dim, as the other ops' out has v's).
+    q, kc, vc = _common.pad_qkv(q, k_cache, v_cache, ("q", "k_cache", "v_cache"))
     # The kernels need softmax_scale > 0: 0 and negative scales run on a transformed q.
     q, softmax_scale, _ = _kernel_q_and_scale(maybe_contiguous(q), softmax_scale)
     out, softmax_lse = ext.fwd_kvcache(
@@ -652,9 +654,7 @@ def _kvcache_impl(
         **_common.sink_kwargs(learnable_sink),
         **({"guard_indices": True} if guard_in_kernel_call else {}),
     )
-    if out.shape[-1] != head_size_og:
-        out = out[..., :head_size_og].contiguous()
-    return out, softmax_lse
+    return _common.out_at_head_dim(out, v_cache.shape[-1]), softmax_lse
 
 
 # The op is made from _kvcache_impl, which eager calls run directly (see flash_attn_with_kvcache).
@@ -664,9 +664,9 @@ _flash_attn_kvcache = _torch_custom_op_wrapper(
 
 
 @_common.register_fake_for("flash_attn::_flash_attn_kvcache", _kvcache_impl)
-def _flash_attn_kvcache_fake(q, **_):
+def _flash_attn_kvcache_fake(q, v_cache, **_):
     b, seqlen_q, nheads, _ = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty((b, seqlen_q, nheads, v_cache.shape[-1]), dtype=q.dtype, device=q.device)
     softmax_lse = torch.empty((b, nheads, seqlen_q), dtype=torch.float32, device=q.device)
     return out, softmax_lse
 
@@ -702,6 +702,15 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
     if not (1 <= headdim <= _MAX_HEADDIM):
         raise FlashAttnValueError(
             f"flash_attn: q has headdim {headdim}; headdim must be between 1 and {_MAX_HEADDIM}"
+        )
+    if v_cache.shape[-1] != k_cache.shape[-1]:
+        # flash_attn_func / flash_attn_varlen_func run such head dims on zero-padded copies; a
+        # cache is appended to and read in place, and a padded copy of it every step would cost
+        # more than the attention.
+        raise FlashAttnValueError(
+            f"flash_attn: v_cache has headdim {v_cache.shape[-1]} but k_cache has headdim "
+            f"{k_cache.shape[-1]}; flash_attn_with_kvcache needs one head dim for q, k_cache and "
+            "v_cache (flash_attn_func and flash_attn_varlen_func take a v head dim of its own)"
         )
     if v_cache.shape != k_cache.shape:
         raise FlashAttnValueError(
@@ -740,6 +749,11 @@ def _check_kvcache_inputs(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cac
         _check_tensor(v, "v", 4, "(batch_size, seqlen_new, nheads_k, headdim)")
         _check_same(k, q, "k", "q")
         _check_same(v, q, "v", "q")
+        if v.shape[-1] != k.shape[-1]:
+            raise FlashAttnValueError(
+                f"flash_attn: v has headdim {v.shape[-1]} but k has headdim {k.shape[-1]}; "
+                "flash_attn_with_kvcache needs one head dim for q, k and v"
+            )
         if k.shape != v.shape or k.shape[0] != b or k.shape[2] != nheads_k or k.shape[3] != headdim:
             raise FlashAttnValueError(
                 f"flash_attn: k and v must have shape (batch_size={b}, seqlen_new, nheads_k={nheads_k}, "
@@ -887,7 +901,8 @@ def flash_attn_with_kvcache(
         q: (batch_size, seqlen, nheads, headdim).
         k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim), or with
             block_table (num_blocks, page_block_size, nheads_k, headdim) where page_block_size is
-            any multiple of 16.
+            any multiple of 16.  One head dim for q and both caches: the caches are read and
+            appended to in place, and a padded copy per call would cost more than the attention.
         k, v [optional]: (batch_size, seqlen_new, nheads_k, headdim).
         rotary_cos, rotary_sin [optional]: (seqlen_ro, rotary_dim / 2), rotary_dim a multiple
             of 16 and <= headdim.

@@ -185,21 +185,13 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
                 f"flash_attn: {name} has batch size {x.shape[0]} but {qn} has batch size "
                 f"{batch_size}; q, k and v must have the same batch size"
             )
-    if not (1 <= headdim <= _MAX_HEADDIM):
+    # v's head dim may differ from q's and k's (MLA); the packed forms have one head dim.
+    _common.check_head_dims(q, k, v, names)
+    if v.shape[:3] != k.shape[:3]:
         raise FlashAttnValueError(
-            f"flash_attn: {qn} has headdim {headdim}; headdim must be between 1 and "
-            f"{_MAX_HEADDIM}"
-        )
-    for x, name in zip(tensors[1:], names[1:]):
-        if x.shape[3] != headdim:
-            raise FlashAttnValueError(
-                f"flash_attn: {name} has headdim {x.shape[3]} but {qn} has headdim {headdim}; "
-                "q, k and v must have the same headdim"
-            )
-    if v.shape != k.shape:
-        raise FlashAttnValueError(
-            f"flash_attn: v must have the same shape as k (batch_size, seqlen_k, nheads_k, "
-            f"headdim), got {vn} shape {_fmt_shape(v)} and {kn} shape {_fmt_shape(k)}"
+            f"flash_attn: v must have the same shape as k but for the head dim (batch_size, "
+            f"seqlen_k, nheads_k, headdim_v), got {vn} shape {_fmt_shape(v)} and {kn} shape "
+            f"{_fmt_shape(k)}"
         )
     if seqlen_q < 1:
         raise FlashAttnValueError(
@@ -267,7 +259,9 @@ def _flash_attn_forward_impl(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward op (flash_attn::_flash_attn_forward) as a plain function: eager CUDA calls
     of the autograd Functions call it directly (see _eager_direct).  learnable_sink (beyond
-    upstream's arguments): see flash_attn_func; softmax_lse then includes the sink."""
+    upstream's arguments): see flash_attn_func; softmax_lse then includes the sink.  v's head
+    dim may differ from q's and k's (out gets v's), as may a head dim that is not a multiple of
+    8: the kernels then run on padded copies (_common.pad_qkv)."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     _checks.check_learnable_sink(learnable_sink, q.shape[2], q.device)
@@ -275,7 +269,8 @@ def _flash_attn_forward_impl(
                                         k.shape[1], alibi_slopes is not None)
     _check_return_softmax(return_softmax, dropout_p)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
-    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    head_dim_v = v.shape[-1]
+    q, k, v = _common.pad_qkv(*[maybe_contiguous(x) for x in (q, k, v)])
     ext = _ext_for(q)
     # The kernels need softmax_scale > 0: 0 and negative scales run on a transformed q.
     q, softmax_scale, _ = _kernel_q_and_scale(q, softmax_scale)
@@ -284,7 +279,7 @@ def _flash_attn_forward_impl(
         q, k, v, None, softmax_scale, is_causal, wl, wr, softcap, alibi_slopes, dropout_p,
         return_softmax, **_common.sink_kwargs(learnable_sink)
     )
-    return out, softmax_lse, S_dmask, rng_state
+    return _common.out_at_head_dim(out, head_dim_v), softmax_lse, S_dmask, rng_state
 
 
 _flash_attn_forward = _torch_custom_op_wrapper(
@@ -293,14 +288,15 @@ _flash_attn_forward = _torch_custom_op_wrapper(
 
 
 @_common.register_fake_for("flash_attn::_flash_attn_forward", _flash_attn_forward_impl)
-def _flash_attn_forward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
+def _flash_attn_forward_fake(q, k, v, dropout_p, causal, window_size_left, window_size_right,
                              softcap, alibi_slopes, return_softmax, learnable_sink, **_):
+    _common.check_head_dims(q, k, v)
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     _checks.check_learnable_sink(learnable_sink, q.shape[2], q.device)
     _check_return_softmax(return_softmax, dropout_p)
     batch_size, seqlen_q, num_heads, _ = q.shape
-    return _common.fake_forward_outputs(q, (batch_size, num_heads, seqlen_q), return_softmax,
+    return _common.fake_forward_outputs(q, v, (batch_size, num_heads, seqlen_q), return_softmax,
                                         batch_size, seqlen_q, k.shape[1])
 
 
@@ -313,7 +309,8 @@ def _flash_attn_backward_impl(
     rng_state: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The backward op (flash_attn::_flash_attn_backward) as a plain function: eager CUDA calls
-    of the autograd Functions call it directly (see _eager_direct)."""
+    of the autograd Functions call it directly (see _eager_direct).  Head dims as the forward's:
+    dout and out have v's, dq and dk q's, dv v's."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
@@ -321,16 +318,18 @@ def _flash_attn_backward_impl(
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     _common.check_rng_state(dropout_p, rng_state)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
-    dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    dout, q, k, v, out, grads = _common.grads_at_kernel_head_dim(
+        *[maybe_contiguous(x) for x in (dout, q, k, v, out)], dq, dk, dv)
     ext = _ext_for(q)
     # As the forward: the kernel differentiates w.r.t. q', and dq follows from dq' (fix_dq).
     q, softmax_scale, sign = _kernel_q_and_scale(q, softmax_scale)
     _, _, _, softmax_d = ext.bwd(
-        dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
+        dout, q, k, v, out, softmax_lse, *grads, softmax_scale, is_causal, deterministic,
         wl, wr, softcap, alibi_slopes, dropout_p,
         rng_state if dropout_p > 0.0 else None
     )
-    _fix_dq(dq, sign)
+    _fix_dq(grads[0], sign)
+    _common.copy_grads_back((dq, dk, dv), grads)
     return softmax_d
 
 
@@ -340,8 +339,9 @@ _flash_attn_backward = _torch_custom_op_wrapper(
 
 
 @_common.register_fake_for("flash_attn::_flash_attn_backward", _flash_attn_backward_impl)
-def _flash_attn_backward_fake(q, k, dropout_p, causal, window_size_left, window_size_right,
+def _flash_attn_backward_fake(q, k, v, dropout_p, causal, window_size_left, window_size_right,
                               softcap, alibi_slopes, deterministic, **_):
+    _common.check_head_dims(q, k, v)
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
     batch_size, seqlen_q, num_heads, _ = q.shape
@@ -461,7 +461,7 @@ _COMMON_ARGS_DOC = """
             comes from PyTorch's CUDA generator (Philox), so torch.manual_seed reproduces it.
         softmax_scale: float. The scaling of QK^T before the softmax: any finite value,
             0 (uniform attention over the visible keys) and negative ones included.
-            Defaults to 1 / sqrt(headdim).
+            Defaults to 1 / sqrt(headdim), q's head dim.
         causal: bool. Whether to apply the causal (auto-regressive) mask.
         window_size: (left, right) ints, as a tuple, a list or a 2-element integer tensor.
             If not (-1, -1), implements sliding-window local attention (see above); a
@@ -482,7 +482,7 @@ _COMMON_ARGS_DOC = """
             out = sum_j exp(s_j - lse) v_j with lse = log(exp(sink[h]) + sum_j exp(s_j)).
             Differentiable (its gradient has its dtype).
     Return:
-        out: (batch_size, seqlen, nheads, headdim).
+        out: (batch_size, seqlen, nheads, headdim_v), v's head dim (headdim when packed).
         softmax_lse [if return_attn_probs=True]: (batch_size, nheads, seqlen), fp32. The
             logsumexp of each row of QK^T * softmax_scale (the log of the softmax
             normalizer, the sink's term included).
@@ -567,7 +567,9 @@ flash_attn_func.__doc__ = (
         q: (batch_size, seqlen_q, nheads, headdim), fp16 or bf16, on a CUDA device, with a
             contiguous last dimension; headdim <= 256.
         k: (batch_size, seqlen_k, nheads_k, headdim), same dtype and device as q.
-        v: (batch_size, seqlen_k, nheads_k, headdim), same dtype and device as q.
+        v: (batch_size, seqlen_k, nheads_k, headdim_v), same dtype and device as q.
+            headdim_v <= 256 may differ from headdim (DeepSeek MLA: 192 and 128), as in
+            upstream FA3; the kernels then run at the larger head dim on zero-padded copies.
 """
     + _COMMON_ARGS_DOC
 )

@@ -57,6 +57,9 @@ def _forward(a):
         raise _Unsupported("return_debug_mask must be False")
     q, k, v, cu_q, cu_k = a["query"], a["key"], a["value"], a["cum_seq_q"], a["cum_seq_k"]
     d = q.shape[-1]
+    if v.shape[-1] != d:
+        # aten's flash ops give out query's shape; torch's own flash kernels take one head dim.
+        raise _Unsupported("value must have query's head dim")
     scale = _default_softmax_scale(a["scale"], d)
     window = (_window(a.get("window_size_left")), _window(a.get("window_size_right")))
     common = (a["dropout_p"], scale, a["is_causal"], *window)

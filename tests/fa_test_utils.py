@@ -461,6 +461,15 @@ class CpuExt:
         assert all(b - a <= max_len for a, b in zip(c, c[1:])), f"max_seqlen {max_len} < {c}"
 
     @staticmethod
+    def _head_dims(*tensors):
+        """The kernels take one head dim, a multiple of 8 and at most 256 (the Python layer
+        pads v's or q/k's when they differ, and any that is not a multiple of 8)."""
+        dims = {x.shape[-1] for x in tensors}
+        assert len(dims) == 1, f"head dims differ: {[x.shape[-1] for x in tensors]}"
+        (d,) = dims
+        assert d % 8 == 0 and 8 <= d <= 256, f"head dim {d}"
+
+    @staticmethod
     def _sink(learnable_sink, h):
         if learnable_sink is not None:
             assert learnable_sink.shape == (h,), f"learnable_sink shape {learnable_sink.shape}"
@@ -470,6 +479,7 @@ class CpuExt:
             return_softmax, learnable_sink=None):
         self._scale(softmax_scale)
         self._ints(wl, wr)
+        self._head_dims(q, k, v)
         self.calls.append(("fwd", softmax_scale))
         o, lse = attention_ref(q.float(), k.float(), v.float(), causal=is_causal,
                                softmax_scale=softmax_scale, window_size=(wl, wr),
@@ -480,12 +490,13 @@ class CpuExt:
         r = lambda x: (x + 127) // 128 * 128  # noqa: E731
         s = (torch.zeros(b, h, r(sq), r(k.shape[1]), dtype=q.dtype) if return_softmax
              else torch.empty(0, dtype=q.dtype))
-        return o.to(q.dtype), lse, s, torch.zeros(2, dtype=torch.int64)
+        return o.to(q.dtype).contiguous(), lse, s, torch.zeros(2, dtype=torch.int64)
 
     def bwd(self, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, is_causal, deterministic,
             wl, wr, softcap, alibi, dropout_p, rng_state):
         self._scale(softmax_scale)
         self._ints(wl, wr)
+        self._head_dims(dout, q, k, v, out, *[g for g in (dq, dk, dv) if g is not None])
         self.calls.append(("bwd", softmax_scale))
         with torch.enable_grad():
             leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
@@ -521,6 +532,7 @@ class CpuExt:
         self._ints(max_q, max_k, wl, wr)
         self._cu(cu_q, q.shape[0], max_q)
         self._cu(cu_k, k.shape[0] if block_table is None else None, max_k)
+        self._head_dims(q, k, v)
         self.calls.append(("varlen_fwd", softmax_scale))
         kd, vd = self._varlen_keys(k, v, cu_k, block_table)
         o, lse = varlen_ref(q, kd, vd, cu_q, cu_k, causal, (wl, wr), softmax_scale, True,
@@ -542,6 +554,7 @@ class CpuExt:
         self._ints(max_q, max_k, wl, wr)
         self._cu(cu_q, q.shape[0], max_q)
         self._cu(cu_k, k.shape[0], max_k)
+        self._head_dims(dout, q, k, v, out, *[g for g in (dq, dk, dv) if g is not None])
         self.calls.append(("varlen_bwd", softmax_scale))
         with torch.enable_grad():
             leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
@@ -586,6 +599,7 @@ class CpuExt:
         self._scale(softmax_scale)
         self._ints(wl, wr, num_splits)
         assert num_splits >= 0
+        self._head_dims(q, kc, vc)
         self.calls.append(("fwd_kvcache", softmax_scale))
         b, sq, h, d = q.shape
         outs, lses = [], []

@@ -214,6 +214,9 @@ def test_unsupported_calls_raise_as_torch_providers_do(cpu_kernels):
     with pytest.raises(RuntimeError, match="unsupported: cum_seq_k and seqused_k need cum_seq_q"):
         torch.ops.aten._flash_attention_forward(qd, qd, qd, None, None, 8, 8, 0.0, False, False,
                                                 seqused_k=torch.ones(1, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="unsupported: value must have query's head dim"):
+        torch.ops.aten._flash_attention_forward(qd, qd, qd[..., :8], None, None, 8, 8, 0.0,
+                                                False, False)
     with pytest.raises(ValueError, match="must be divisible"):  # heads our kernels reject
         kv = torch.randn(1, 3, 8, 16)
         torch.ops.aten._scaled_dot_product_flash_attention(q, kv, kv)
