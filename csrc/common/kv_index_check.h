@@ -61,7 +61,7 @@ __forceinline__ __device__ int kv_rows_used(const FwdParams &p, int i) {
 // pages in use, in the host checks' order, which is not always the one this thread read. Several
 // threads may write the same values. Out of line, and only after the main loop, so that it costs
 // the loop no registers.
-__noinline__ __device__ void report_kv_page_error(const FwdParams &p, int i) {
+static __noinline__ __device__ void report_kv_page_error(const FwdParams &p, int i) {
     for (int j = 0; j < p.b; ++j) {
         if (kv_index_error(p, j) != kIndexOk) return;
     }
