@@ -88,7 +88,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
     const SplitKVBlock<kBlockM> blk(params);
     if (blk.empty()) return;
-    bool bad_page = false;  // a bad block-table entry read (kv_page), reported at the end
     const BlockInfo &binfo = blk.binfo;
     const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             CUTE_UNROLL
             for (int c = 0; c < kPageChunks; ++c) {
                 const int key = (s_begin + it) * kBlockN + 16 * c;
-                chunk_page[c] = key < seqlen_k ? kv_page(params, block_table, key >> page_shift, bad_page) : 0;
+                chunk_page[c] = key < seqlen_k ? block_table[key >> page_shift] : 0;
             }
         }
     };
@@ -271,7 +270,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     __syncthreads();  // all warps are done with their K / V buffers: the merge reuses them
     splitkv_merge_and_store<kNWarps, kHeadDim, kNThreads, Element>(
         params, blk, reinterpret_cast<float *>(smem_k), thr_mma, acc_o, softmax, tidx);
-    if (bad_page) report_kv_page_error(params, bidb);
 }
 
 }  // namespace flash

@@ -97,7 +97,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     // grid: (b * h_k, row blocks, splits): x has no 65535 limit.
     const SplitKVBlock<kBlockM> blk(params);
     if (blk.empty()) return;
-    bool bad_page = false;  // a bad block-table entry read (kv_page), reported at the end
     const BlockInfo &binfo = blk.binfo;
     const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
@@ -140,7 +139,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         CUTE_UNROLL
         for (int c = 0; c < kPageChunks; ++c) {
             const int key = tile * kBlockNw + 16 * c;
-            next_pages[c] = key < seqlen_k ? kv_page(params, block_table, (binfo.leftpad_k + key) / params.page_block_size, bad_page) : 0;
+            next_pages[c] = key < seqlen_k ? block_table[(binfo.leftpad_k + key) / params.page_block_size] : 0;
         }
     };
     auto load_tile = [&](int tile, int stage) {
@@ -155,7 +154,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
             index_t k_off, v_off;
             if (block_table != nullptr) {
                 const int row = binfo.leftpad_k + key;
-                const index_t page = !ok ? 0 : paged_chunks ? next_pages[r / 16] : kv_page(params, block_table, row / params.page_block_size, bad_page);
+                const index_t page = !ok ? 0 : paged_chunks ? next_pages[r / 16] : block_table[row / params.page_block_size];
                 const index_t in_page = row % params.page_block_size;
                 k_off = page * params.k_batch_stride + in_page * params.k_row_stride + bidh_k * params.k_head_stride;
                 v_off = page * params.v_batch_stride + in_page * params.v_row_stride + bidh_k * params.v_head_stride;
@@ -259,7 +258,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     __syncthreads();  // all warps are done with their K/V buffers: the merge reuses them
     splitkv_merge_and_store<kNWarps, kHeadDim, Traits::kNThreads, Element>(
         params, blk, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx);
-    if (bad_page) report_kv_page_error(params, bidb);
 }
 
 }  // namespace flash

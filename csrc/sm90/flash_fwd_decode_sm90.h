@@ -98,7 +98,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     // grid: (b * h_k, row blocks, splits), as the SM80-class split kernel.
     const SplitKVBlock<kBlockM> blk(params);
     if (blk.empty()) return;
-    bool bad_page = false;  // a bad block-table entry read (kv_page), reported at the end
     const BlockInfo &binfo = blk.binfo;
     const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
@@ -139,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     // the entry of the next tile to issue), so the dependent load never stalls the copy issue.
     auto page_of = [&](int tile) {
         const int key = tile * kBlockNw + lane_key;
-        return key < seqlen_k ? kv_page(params, block_table, (binfo.leftpad_k + key) / params.page_block_size, bad_page) : 0;
+        return key < seqlen_k ? block_table[(binfo.leftpad_k + key) / params.page_block_size] : 0;
     };
     int page = block_table != nullptr && my_count > 0 ? page_of(my_first) : 0;
 
@@ -261,7 +260,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     __syncthreads();
     splitkv_merge_and_store<kNWarps, kHeadDim, Traits::kNThreads, Element>(
         params, blk, reinterpret_cast<float *>(smem_kv), thr_mma, acc_o, softmax, tidx);
-    if (bad_page) report_kv_page_error(params, bidb);
 #endif
 }
 
