@@ -285,18 +285,13 @@ __forceinline__ __device__ auto bwd_ws_p_from_s(BwdParams const &params, TensorA
             scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse_log2);
         }
     }
-    // kDropoutInProducer (d128): the keep flags' wait sits before the bf16 conversion, not right
-    // before the masks: ptxas then puts part of the exp2 and the conversion after the wait,
-    // where they cover the latency of the four flag loads (12-20 instructions between each load
-    // and its first use; 1-5 with the wait after the conversion, which left every exp2 before it
-    // and the loads' latency on the path from the S^T wait to the dV GEMM).
-    drop.wait_full(m_block);
     Tensor rP = make_tensor_like<Element>(acc_s);
     convert_into(acc_s, rP);
     if constexpr (Traits::kDropout) {
         if constexpr (Traits::kSplitD) {
             dropout_bwd_apply_p_half(rP, drop.flags(m_block), coords_st);
         } else {
+            drop.wait_full(m_block);
             dropout_bwd_apply_p2<kBlockM>(rP, drop.flags(m_block), coords_st);
         }
     }
