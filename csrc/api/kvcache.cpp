@@ -102,18 +102,17 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
     // The split-KV kernel reads each K/V tile once for all packed rows of a 16-row block: it wins
     // for decoding (few rows) and is the one that reads paged caches and splits the keys.
     const bool use_split = paged || num_splits > 1 || packed_rows <= 64;
-    // Values the host did not check (guard_indices). The split-KV kernels check them themselves,
-    // each CTA its own sequence's; otherwise the device-side guard runs first and the kernels read
-    // its copies, all zeros (no key rows) when one is out of range. A
+    // Values the host did not check (guard_indices). The split-KV kernels check a contiguous
+    // cache's values themselves, each CTA its own sequence's; otherwise (paged: see
+    // common/kv_index_check.h) the device-side guard runs first and the kernels read its copies,
+    // all zeros (no key rows) when one is out of range. A
     // decoding step is tens of microseconds, so neither costs a call from Python, and the first
     // costs no launch either.
     at::Tensor guarded;
-    flash::IndexErrorRecord *record =
-        guard_indices && use_split && k_cache.size(0) > 0 ? flash::index_error_record() : nullptr;
+    flash::IndexErrorRecord *record = guard_indices && use_split && !paged ? flash::index_error_record() : nullptr;
     if (record != nullptr) {
         params.kv_index_record = record;
         params.kv_cache_rows = static_cast<int>(seqlen_k);
-        params.kv_num_blocks = static_cast<int>(k_cache.size(0));
     } else if (guard_indices) {
         guarded = run_kvcache_guard(q, seqused_k_, batch_idx_, leftpad_k_, block_table_, seqlen_k, /*seqlen_new=*/0,
                                     seqlen_k, k_cache.size(0), paged ? k_cache.size(1) : 0,

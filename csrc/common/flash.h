@@ -110,15 +110,13 @@ struct FwdParams : QKVParams {
     bool splitkv_wide;
     // Entries of the dense KV cache (k_cache.shape[0]; the TMA decode variant's batch extent).
     int kv_cache_batch;
-    // KV-cache values the host did not check, on the split-KV kernels (calls without new keys):
-    // each CTA checks its sequence's seqused_k, kv_batch_idx and leftpad_k against kv_cache_rows
-    // and kv_cache_batch and runs a sequence with a bad one as a sequence without keys; paged, it
-    // reads page 0 for a block-table entry outside [0, kv_num_blocks). The first bad value (in the
-    // host checks' order) goes to this pinned record (common/kv_index_check.h). nullptr: the
-    // values are trusted.
+    // KV-cache values the host did not check, on the split-KV kernels (calls without new keys,
+    // contiguous caches): each CTA checks its sequence's seqused_k, kv_batch_idx and leftpad_k
+    // against kv_cache_rows and kv_cache_batch and runs a sequence with a bad one as a sequence
+    // without keys. The first bad value (in the host checks' order) goes to this pinned record
+    // (common/kv_index_check.h). nullptr: the values are trusted.
     IndexErrorRecord *kv_index_record;
     int kv_cache_rows;
-    int kv_num_blocks;  // paged: the pages of the cache (k_cache.shape[0]), >= 1
     // Paged d128 caches (power-of-two pages, no cache_leftpad, no softcap / ALiBi) through the
     // CTA-schedule kernel instead of the sm_90a one (set by the binding).
     bool decode_paged_cta;
