@@ -143,7 +143,7 @@ def round_multiple(x, m):
 
 
 def maybe_contiguous(x):
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+    return x.contiguous() if x is not None and x.stride()[-1] != 1 else x
 
 
 def kernel_head_dim(head_dim_qk, head_dim_v):

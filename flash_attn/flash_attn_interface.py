@@ -214,7 +214,7 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
     # The kernels need a contiguous last dimension.  Checked before the head-dim padding,
     # which would otherwise hide a bad layout behind a padded copy.
     for x, name in zip(tensors, names):
-        if x.shape[-1] != 1 and x.stride(-1) != 1:
+        if x.shape[-1] != 1 and x.stride()[-1] != 1:
             raise FlashAttnValueError(
                 f"flash_attn: {name} must have a contiguous last dimension "
                 f"({name}.stride(-1) == 1), got strides {tuple(x.stride())}; "
@@ -225,15 +225,15 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
                                deterministic, return_softmax)
     _check_alibi(alibi_slopes, batch_size, nheads, q.device)
 
-    device = q.device
-    if device.type not in _ALLOWED_DEVICE_TYPES:
+    # is_cuda first: a torch.device is built for every .device read.
+    if not q.is_cuda and q.device.type not in _ALLOWED_DEVICE_TYPES:
         raise FlashAttnValueError(
-            f"flash_attn: {qn} must be on a CUDA device, got device {device}"
+            f"flash_attn: {qn} must be on a CUDA device, got device {q.device}"
         )
     for x, name in zip(tensors[1:], names[1:]):
-        if x.device != device:
+        if not _checks.same_device(x, q):
             raise FlashAttnValueError(
-                f"flash_attn: {name} is on device {x.device} but {qn} is on device {device}; "
+                f"flash_attn: {name} is on device {x.device} but {qn} is on device {q.device}; "
                 "q, k and v must be on the same CUDA device"
             )
     return args
