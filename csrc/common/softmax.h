@@ -33,15 +33,6 @@ __forceinline__ __device__ float learnable_sink_of(Params const &params, int hea
     return params.learnable_sink == nullptr ? -INFINITY : params.learnable_sink[head];
 }
 
-// Brings the sink's logit into L1 at a tile's start, so that learnable_sink_of at the tile's end
-// does not wait on L2: a short tile (a 128-key window) is otherwise a few percent longer.
-template <typename Params>
-__forceinline__ __device__ void prefetch_learnable_sink(Params const &params, int head) {
-    if (params.learnable_sink != nullptr) {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(params.learnable_sink + head));
-    }
-}
-
 // The LSE of a row with no visible key: the sink's logit, or +inf without a sink.
 __forceinline__ __device__ float empty_row_lse(float sink) { return sink == -INFINITY ? INFINITY : sink; }
 

@@ -224,7 +224,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (wg == 0) {  // WG0 takes the first turn on the tensor cores
                 cutlass::arch::NamedBarrier::arrive(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
             }
-            prefetch_learnable_sink(params, tile.bidh);
             const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
             // Varlen K/V: rows past the sequence in its last tile are the next sequence's (see fwd_ws_mma).
             const int v_rows_valid =
