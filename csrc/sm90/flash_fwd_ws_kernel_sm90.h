@@ -67,6 +67,9 @@ struct FwdWsTileSchedule {
 };
 
 // ---- producer: the one thread that issues every TMA load ---------------------------------------
+// Walks the schedule's tiles and issues each one's Q, K and V loads (fwd_ws_load); tiles past a
+// varlen sequence's rows are skipped. Persistent kernel: also hands each tile to the consumers and
+// ends their loop (the kernel's Q / O protocol).
 template <typename Traits, bool kPersistent, typename Schedule>
 __forceinline__ __device__ void fwd_ws_producer(FwdWsKernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
                                                 typename Traits::Pipeline &pipeline_k,
@@ -181,6 +184,34 @@ __forceinline__ __device__ FwdWsFeatures const &fwd_ws_features(FwdParams const 
         }
     }
     return Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
+}
+
+// Normalises O, then stores it and the LSE. t: the tile's index in the schedule; release_q() as
+// for fwd_ws_store_empty_tile.
+template <typename Traits, bool kPersistent, bool kOwnO, bool kMayTmaO, typename Schedule, typename TensorO,
+          typename Softmax, typename ReleaseQ>
+__forceinline__ __device__ void fwd_ws_finalize_and_store(FwdWsKernelParams<Traits> const &kp, Schedule const &sched,
+                                                          int t, BlockInfo const &binfo, FwdWsTile const &tile,
+                                                          TensorO &acc_o, Softmax &softmax,
+                                                          typename Traits::Element *smem_o, int wg, int wg_tidx,
+                                                          int row0, bool is_dropout, ReleaseQ &&release_q) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kRowsPerWG = Traits::kRowsPerWG;
+    FwdParams const &params = kp.p;
+    // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
+    // The head from t (as the tile's): no tile coordinate is held across the main loop for it.
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
+                                  learnable_sink_of(params, sched.head_of(t)));
+    if constexpr (kPersistent) {
+        // The tile's coordinates again from t: fewer registers held across the main loop.
+        const BlockInfo binfo_epi(params, sched.batch_of(t));
+        const FwdWsTile tile_epi = sched.tile(t, binfo_epi);
+        fwd_ws_store<Traits, kMayTmaO>(kp, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
+                                       tile_epi.m_block * kBlockM + wg * kRowsPerWG);
+        if constexpr (!kOwnO) { release_q(); }
+    } else {
+        fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+    }
 }
 
 // kFeat: see the top of the file; kPersistent: see FwdWsTileSchedule.
@@ -308,21 +339,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (wg == 0) {  // consume the last WG's last turn hand-over
                 cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
             }
-            // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
-            // The head from t (as the tile's): no tile coordinate is held across the main loop for it.
-            Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
-                                          learnable_sink_of(params, sched.head_of(t)));
-            if constexpr (kPersistent) {
-                // The tile's coordinates again from t: fewer registers held across the main loop.
-                const BlockInfo binfo_epi(params, sched.batch_of(t));
-                const FwdWsTile tile_epi = sched.tile(t, binfo_epi);
-                fwd_ws_store<Traits, kMayTmaO>(kp, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
-                                               tile_epi.m_block * kBlockM + wg * kRowsPerWG);
-                if constexpr (!kOwnO) { release_q(); }
-            } else {
-                fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
-                break;
-            }
+            fwd_ws_finalize_and_store<Traits, kPersistent, kOwnO, kMayTmaO>(kp, sched, t, binfo, tile, acc_o, softmax,
+                                                                            smem_o, wg, wg_tidx, row0, is_dropout,
+                                                                            release_q);
+            if constexpr (!kPersistent) { break; }
         }
         fwd_ws_store_drain<kMayTmaO>(kp, wg_tidx);  // the last TMA store has read its tile before the CTA exits
     }
