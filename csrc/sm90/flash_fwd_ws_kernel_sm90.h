@@ -23,10 +23,198 @@ namespace flash {
 
 using namespace cute;
 
-// kPersistent: a 1-D grid of at most one CTA per SM, each walking the tiles blockIdx.x,
-// + gridDim.x, ... (fwd_ws_use_persistent, plain variant only: the feature variants
-// spill with the tile loop, up to 132 B at d256). Otherwise the 3-D grid (m blocks, b, h), one
-// tile per CTA: the loop below runs once and compiles to straight-line code.
+// A tile's coordinates and key-block range; `valid` false past a varlen sequence's rows.
+struct FwdWsTile {
+    int m_block, bidb, bidh, n_block_min, n_block_max;
+    bool valid, has_work;
+};
+
+// The tiles (m block, batch, head), linearised with m fastest (the 3-D grid's order), and the
+// walk over them. kPersistent: a 1-D grid of at most one CTA per SM, each walking the tiles
+// blockIdx.x, + gridDim.x, ... (or drawing them, see fwd_ws_producer). Otherwise the 3-D grid
+// (m blocks, b, h), one tile per CTA (t unused): the tile loops run once and compile to
+// straight-line code.
+template <int kBlockM, int kBlockN, bool kPersistent>
+struct FwdWsTileSchedule {
+    FwdParams const &params;
+    int num_m_blocks, num_tiles, tile_first, tile_stride;
+
+    __forceinline__ __device__ explicit FwdWsTileSchedule(FwdParams const &params_)
+        : params(params_),
+          num_m_blocks(ceil_div(params_.seqlen_q, kBlockM)),
+          num_tiles(kPersistent ? num_m_blocks * params_.b * params_.h : 1),
+          tile_first(kPersistent ? int(blockIdx.x) : 0),
+          tile_stride(kPersistent ? int(gridDim.x) : 1) {}
+
+    __forceinline__ __device__ int batch_of(int t) const {
+        return kPersistent ? (t / num_m_blocks) % params.b : int(blockIdx.y);
+    }
+    __forceinline__ __device__ int head_of(int t) const {
+        return kPersistent ? t / (num_m_blocks * params.b) : int(blockIdx.z);
+    }
+    __forceinline__ __device__ FwdWsTile tile(int t, BlockInfo const &binfo) const {
+        FwdWsTile tile;
+        // Longest (causal) blocks first.
+        tile.m_block = kPersistent ? num_m_blocks - 1 - t % num_m_blocks : int(gridDim.x - 1 - blockIdx.x);
+        tile.bidb = batch_of(t);
+        tile.bidh = head_of(t);
+        tile.valid = tile.m_block * kBlockM < binfo.seqlen_q;
+        const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
+        mask.n_block_range(tile.m_block * kBlockM, kBlockM, kBlockN, tile.n_block_min, tile.n_block_max);
+        tile.has_work = tile.valid && tile.n_block_max > tile.n_block_min;
+        return tile;
+    }
+};
+
+// ---- producer: the one thread that issues every TMA load ---------------------------------------
+// Walks the schedule's tiles and issues each one's Q, K and V loads (fwd_ws_load); tiles past a
+// varlen sequence's rows are skipped. Persistent kernel: also hands each tile to the consumers and
+// ends their loop (the kernel's Q / O protocol).
+template <typename Traits, bool kPersistent, typename Schedule>
+__forceinline__ __device__ void fwd_ws_producer(FwdWsKernelParams<Traits> const &kp, typename Traits::SharedStorage &ss,
+                                                typename Traits::Pipeline &pipeline_k,
+                                                typename Traits::Pipeline &pipeline_v, Schedule const &sched) {
+    using Pipeline = typename Traits::Pipeline;
+    FwdParams const &params = kp.p;
+    cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    auto state_k = cutlass::make_producer_start_state<Pipeline>();
+    auto state_v = cutlass::make_producer_start_state<Pipeline>();
+    // (params.tile_count_ptr read where used, from parameter space: no register held.)
+    auto draw_tile = [&](int t) {
+        if constexpr (kPersistent) {
+            if (params.tile_count_ptr != nullptr) {
+                return int(gridDim.x) + atomicAdd(params.tile_count_ptr, 1);
+            }
+        }
+        return t + sched.tile_stride;
+    };
+    int valid_tiles = 0;
+    auto wait_q_free = [&]() {
+        if (kPersistent && valid_tiles > 0) {
+            cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, (valid_tiles - 1) & 1);
+        }
+    };
+    for (int t = sched.tile_first; t < sched.num_tiles;) {
+        const BlockInfo binfo(params, sched.batch_of(t));
+        const FwdWsTile tile = sched.tile(t, binfo);
+        if (!tile.valid) {
+            t = draw_tile(t);
+            continue;
+        }
+        // Before the Q load (or the arrival for a tile without work): the previous tile's
+        // consumers are done with the Q tiles, and ss.tile_next with it.
+        auto before_q = [&]() {
+            wait_q_free();
+            if constexpr (kPersistent) { ss.tile_next = t; }
+        };
+        if (!tile.has_work) {
+            // No loads, but barrier_q still completes a phase (the kernel's Q / O protocol).
+            if constexpr (kPersistent) {
+                before_q();
+                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
+            }
+        } else {
+            fwd_ws_load<Traits, kPersistent>(kp, ss, pipeline_k, pipeline_v, binfo, tile.m_block, tile.bidb,
+                                             tile.bidh, tile.bidh / params.h_h_k_ratio, tile.n_block_min,
+                                             tile.n_block_max, state_k, state_v, before_q);
+        }
+        ++valid_tiles;
+        // Drawn after this tile's loads are issued (the producer runs kStages tiles ahead of
+        // the consumers, which hides the atomic's latency): a value held across the loads
+        // spilled at the producer's 24 registers.
+        t = draw_tile(t);
+    }
+    if constexpr (kPersistent) {  // the end: one more phase of barrier_q, tile -1
+        wait_q_free();
+        ss.tile_next = -1;
+        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
+        if (params.tile_count_ptr != nullptr) {
+            // The last CTA out zeroes the counter and the exit count for the next call
+            // (the binding keeps one counter per stream, zeroed once): every CTA's last
+            // draw is ordered before its exit count by the fence, so none draws after.
+            __threadfence();
+            if (atomicAdd(params.tile_count_ptr + 1, 1) == int(gridDim.x) - 1) {
+                atomicExch(params.tile_count_ptr, 0);
+                atomicExch(params.tile_count_ptr + 1, 0);
+            }
+        }
+    }
+}
+
+// ---- consumers: one warpgroup ------------------------------------------------------------------
+// A tile without a visible key: out = 0, lse = +inf (or the learnable sink's LSE).
+// release_q(): this warpgroup's arrival on barrier_q_empty (the kernel's Q / O protocol).
+template <typename Traits, bool kPersistent, bool kOwnO, bool kMayTmaO, typename TensorO, typename ReleaseQ>
+__forceinline__ __device__ void fwd_ws_store_empty_tile(FwdWsKernelParams<Traits> const &kp, BlockInfo const &binfo,
+                                                        FwdWsTile const &tile, TensorO &acc_o,
+                                                        typename Traits::Element *smem_o, int wg, int wg_tidx,
+                                                        int row0, ReleaseQ &&release_q) {
+    constexpr int kNRows = decltype(size<0>(acc_layout_rowcol(acc_o.layout())))::value;
+    if constexpr (kOwnO) { release_q(); }
+    clear(acc_o);
+    Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
+    fill(lse, empty_row_lse(learnable_sink_of(kp.p, tile.bidh)));
+    fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+    if constexpr (kPersistent && !kOwnO) { release_q(); }
+}
+
+// The feature variant's per-(batch, head) scalars for warpgroup wg (FwdWsFeatures): in feat_regs,
+// or, with Traits::kFeatScalarsInSmem, computed by the warpgroup's first thread into its copy in
+// shared memory behind SharedStorage and the dropout flags (kDropoutTiles only; 8 KB per consumer
+// WG), which the returned reference then names.
+template <typename Traits, bool kFeat>
+__forceinline__ __device__ FwdWsFeatures const &fwd_ws_features(FwdParams const &params, char *smem,
+                                                                BlockInfo const &binfo, FwdWsTile const &tile,
+                                                                int wg, int wg_tidx, bool is_dropout,
+                                                                FwdWsFeatures &feat_regs) {
+    FwdWsFeatures *feat_smem = reinterpret_cast<FwdWsFeatures *>(
+                                   smem + Traits::kSmemSize + (Traits::kDropoutTiles ? Traits::kSmemDropoutFlags : 0)) +
+                               wg;
+    if constexpr (kFeat) {
+        static_assert(sizeof(FwdWsFeatures) <= Traits::kFeatScalarBytes);
+        if (!Traits::kFeatScalarsInSmem || wg_tidx == 0) {
+            feat_regs.score_mod = ScoreMod(params, tile.bidb, tile.bidh, binfo.seqlen_k - binfo.seqlen_q);
+            if (is_dropout) { feat_regs.dropout = Dropout(params, tile.bidb, tile.bidh); }
+        }
+        if constexpr (Traits::kFeatScalarsInSmem) {
+            if (wg_tidx == 0) { *feat_smem = feat_regs; }
+            cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
+        }
+    }
+    return Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
+}
+
+// Normalises O, then stores it and the LSE. t: the tile's index in the schedule; release_q() as
+// for fwd_ws_store_empty_tile.
+template <typename Traits, bool kPersistent, bool kOwnO, bool kMayTmaO, typename Schedule, typename TensorO,
+          typename Softmax, typename ReleaseQ>
+__forceinline__ __device__ void fwd_ws_finalize_and_store(FwdWsKernelParams<Traits> const &kp, Schedule const &sched,
+                                                          int t, BlockInfo const &binfo, FwdWsTile const &tile,
+                                                          TensorO &acc_o, Softmax &softmax,
+                                                          typename Traits::Element *smem_o, int wg, int wg_tidx,
+                                                          int row0, bool is_dropout, ReleaseQ &&release_q) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kRowsPerWG = Traits::kRowsPerWG;
+    FwdParams const &params = kp.p;
+    // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
+    // The head from t (as the tile's): no tile coordinate is held across the main loop for it.
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
+                                  learnable_sink_of(params, sched.head_of(t)));
+    if constexpr (kPersistent) {
+        // The tile's coordinates again from t: fewer registers held across the main loop.
+        const BlockInfo binfo_epi(params, sched.batch_of(t));
+        const FwdWsTile tile_epi = sched.tile(t, binfo_epi);
+        fwd_ws_store<Traits, kMayTmaO>(kp, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
+                                       tile_epi.m_block * kBlockM + wg * kRowsPerWG);
+        if constexpr (!kOwnO) { release_q(); }
+    } else {
+        fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
+    }
+}
+
+// kFeat: see the top of the file; kPersistent: see FwdWsTileSchedule.
 template <typename Traits, bool kFeat = false, bool kPersistent = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_ws_kernel_sm90(const __grid_constant__ FwdWsKernelParams<Traits> kp) {
@@ -43,30 +231,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     extern __shared__ __align__(1024) char smem[];
     auto &ss = *reinterpret_cast<typename Traits::SharedStorage *>(smem);
 
-    // Tiles (m block, batch, head), linearised with m fastest (the 3-D grid's order).
-    const int num_m_blocks = ceil_div(params.seqlen_q, kBlockM);
-    const int num_tiles = kPersistent ? num_m_blocks * params.b * params.h : 1;
-    const int tile_first = kPersistent ? int(blockIdx.x) : 0;
-    const int tile_stride = kPersistent ? int(gridDim.x) : 1;
+    const FwdWsTileSchedule<kBlockM, kBlockN, kPersistent> sched(params);
     write_rng_state(params);  // thread 0 of CTA (0, 0, 0), before any exit; zeros without dropout
-    // A tile's coordinates and key-block range; `valid` false past a varlen sequence's rows.
-    struct Tile {
-        int m_block, bidb, bidh, n_block_min, n_block_max;
-        bool valid, has_work;
-    };
-    auto make_tile = [&](int t, BlockInfo const &binfo) {
-        Tile tile;
-        // Longest (causal) blocks first.
-        tile.m_block = kPersistent ? num_m_blocks - 1 - t % num_m_blocks : int(gridDim.x - 1 - blockIdx.x);
-        tile.bidb = kPersistent ? (t / num_m_blocks) % params.b : int(blockIdx.y);
-        tile.bidh = kPersistent ? t / (num_m_blocks * params.b) : int(blockIdx.z);
-        tile.valid = tile.m_block * kBlockM < binfo.seqlen_q;
-        const Mask mask{binfo.seqlen_k, binfo.seqlen_k - binfo.seqlen_q, params.window_left, params.window_right};
-        mask.n_block_range(tile.m_block * kBlockM, kBlockM, kBlockN, tile.n_block_min, tile.n_block_max);
-        tile.has_work = tile.valid && tile.n_block_max > tile.n_block_min;
-        return tile;
-    };
-    auto batch_of = [&](int t) { return kPersistent ? (t / num_m_blocks) % params.b : int(blockIdx.y); };
 
     const int warp_idx = cutlass::canonical_warp_idx_sync();
     const int warp_group_idx = cutlass::canonical_warp_group_idx();
@@ -104,73 +270,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // there (0 spills; the 2-WG pool is 64512 = 128 x 40 + 256 x 232). The 3-WG split (d64)
         // has no room to move: 40 B of producer spills, measured harmless.
         cutlass::arch::warpgroup_reg_dealloc<kPersistent && Traits::kNConsumerWG == 2 ? 40 : Traits::kProducerRegs>();
-        if (threadIdx.x == 0) {
-            cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
-            cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
-            cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
-            auto state_k = cutlass::make_producer_start_state<Pipeline>();
-            auto state_v = cutlass::make_producer_start_state<Pipeline>();
-            // (params.tile_count_ptr read where used, from parameter space: no register held.)
-            auto draw_tile = [&](int t) {
-                if constexpr (kPersistent) {
-                    if (params.tile_count_ptr != nullptr) {
-                        return int(gridDim.x) + atomicAdd(params.tile_count_ptr, 1);
-                    }
-                }
-                return t + tile_stride;
-            };
-            int valid_tiles = 0;
-            auto wait_q_free = [&]() {
-                if (kPersistent && valid_tiles > 0) {
-                    cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, (valid_tiles - 1) & 1);
-                }
-            };
-            for (int t = tile_first; t < num_tiles;) {
-                const BlockInfo binfo(params, batch_of(t));
-                const Tile tile = make_tile(t, binfo);
-                if (!tile.valid) {
-                    t = draw_tile(t);
-                    continue;
-                }
-                // Before the Q load (or the arrival for a tile without work): the previous tile's
-                // consumers are done with the Q tiles, and ss.tile_next with it.
-                auto before_q = [&]() {
-                    wait_q_free();
-                    if constexpr (kPersistent) { ss.tile_next = t; }
-                };
-                if (!tile.has_work) {
-                    // No loads, but barrier_q still completes a phase (see above).
-                    if constexpr (kPersistent) {
-                        before_q();
-                        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
-                    }
-                } else {
-                    fwd_ws_load<Traits, kPersistent>(kp, ss, pipeline_k, pipeline_v, binfo, tile.m_block, tile.bidb,
-                                                     tile.bidh, tile.bidh / params.h_h_k_ratio, tile.n_block_min,
-                                                     tile.n_block_max, state_k, state_v, before_q);
-                }
-                ++valid_tiles;
-                // Drawn after this tile's loads are issued (the producer runs kStages tiles ahead of
-                // the consumers, which hides the atomic's latency): a value held across the loads
-                // spilled at the producer's 24 registers.
-                t = draw_tile(t);
-            }
-            if constexpr (kPersistent) {  // the end: one more phase of barrier_q, tile -1
-                wait_q_free();
-                ss.tile_next = -1;
-                cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
-                if (params.tile_count_ptr != nullptr) {
-                    // The last CTA out zeroes the counter and the exit count for the next call
-                    // (the binding keeps one counter per stream, zeroed once): every CTA's last
-                    // draw is ordered before its exit count by the fence, so none draws after.
-                    __threadfence();
-                    if (atomicAdd(params.tile_count_ptr + 1, 1) == int(gridDim.x) - 1) {
-                        atomicExch(params.tile_count_ptr, 0);
-                        atomicExch(params.tile_count_ptr + 1, 0);
-                    }
-                }
-            }
-        }
+        if (threadIdx.x == 0) { fwd_ws_producer<Traits, kPersistent>(kp, ss, pipeline_k, pipeline_v, sched); }
     } else {
         // ---- consumer warpgroups ----
         cutlass::arch::warpgroup_reg_alloc<kPersistent && Traits::kNConsumerWG == 2 ? 232 : Traits::kConsumerRegs>();
@@ -193,15 +293,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
         };
         int valid_tiles = 0;  // barrier_q completes one phase per tile (persistent kernel)
-        for (int t = tile_first;;) {
+        for (int t = sched.tile_first;;) {
             const int q_phase = kPersistent ? valid_tiles & 1 : 0;
             if constexpr (kPersistent) {
                 cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_q, q_phase);
                 t = ss.tile_next;
                 if (t < 0) break;
             }
-            const BlockInfo binfo(params, batch_of(t));
-            const Tile tile = make_tile(t, binfo);
+            const BlockInfo binfo(params, sched.batch_of(t));
+            const FwdWsTile tile = sched.tile(t, binfo);
             if (!kPersistent && !tile.valid) break;
             const int row0 = tile.m_block * kBlockM + wg * kRowsPerWG;
 
@@ -211,13 +311,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             OnlineSoftmax<kNRows> softmax;
 
             ++valid_tiles;
-            if (!tile.has_work) {  // no visible key for the whole tile: out = 0, lse = +inf (or the sink)
-                if constexpr (kOwnO) { release_q(); }
-                clear(acc_o);
-                Tensor lse = make_tensor<float>(Shape<Int<kNRows>>{});
-                fill(lse, empty_row_lse(learnable_sink_of(params, tile.bidh)));
-                fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
-                if constexpr (kPersistent && !kOwnO) { release_q(); }
+            if (!tile.has_work) {
+                fwd_ws_store_empty_tile<Traits, kPersistent, kOwnO, kMayTmaO>(kp, binfo, tile, acc_o, smem_o, wg, wg_tidx,
+                                                                              row0, release_q);
                 if constexpr (!kPersistent) { break; }
                 continue;
             }
@@ -228,51 +324,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // Varlen K/V: rows past the sequence in its last tile are the next sequence's (see fwd_ws_mma).
             const int v_rows_valid =
                 binfo.sum_s_k == -1 ? kBlockN : binfo.seqlen_k - (tile.n_block_max - 1) * kBlockN;
-            // Feature variant: shared memory behind SharedStorage holds the dropout flags
-            // (kDropoutTiles only; 8 KB per consumer WG) and then, with kFeatScalarsInSmem, one
-            // FwdWsFeatures per consumer WG.
             const bool is_dropout = kFeat && Traits::kDropoutTiles && params.p_dropout > 0.f;
+            // This warpgroup's dropout keep flags, behind SharedStorage (kDropoutTiles only).
             uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize) + wg * 4 * 128;
             FwdWsFeatures feat_regs{};
-            FwdWsFeatures *feat_smem = reinterpret_cast<FwdWsFeatures *>(
-                                           smem + Traits::kSmemSize + (Traits::kDropoutTiles ? Traits::kSmemDropoutFlags : 0)) +
-                                       wg;
-            if constexpr (kFeat) {
-                static_assert(sizeof(FwdWsFeatures) <= Traits::kFeatScalarBytes);
-                if (!Traits::kFeatScalarsInSmem || wg_tidx == 0) {
-                    feat_regs.score_mod = ScoreMod(params, tile.bidb, tile.bidh, binfo.seqlen_k - binfo.seqlen_q);
-                    if (is_dropout) { feat_regs.dropout = Dropout(params, tile.bidb, tile.bidh); }
-                }
-                if constexpr (Traits::kFeatScalarsInSmem) {
-                    if (wg_tidx == 0) { *feat_smem = feat_regs; }
-                    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
-                }
-            }
-            FwdWsFeatures const &feat = Traits::kFeatScalarsInSmem ? *feat_smem : feat_regs;
+            FwdWsFeatures const &feat =
+                fwd_ws_features<Traits, kFeat>(params, smem, binfo, tile, wg, wg_tidx, is_dropout, feat_regs);
             fwd_ws_mma<Traits, kFeat, kPersistent>(params, ss, pipeline_k, pipeline_v, mask, wg, wg_tidx, row0, tile.n_block_min,
-                                      tile.n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags, state_k, state_v,
-                                      q_phase, [&]() {
-                                          if constexpr (kOwnO) { release_q(); }
-                                      });
+                                                   tile.n_block_max, v_rows_valid, acc_o, softmax, feat, drop_flags, state_k,
+                                                   state_v, q_phase, [&]() {
+                                                       if constexpr (kOwnO) { release_q(); }
+                                                   });
             if (wg == 0) {  // consume the last WG's last turn hand-over
                 cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
             }
-            // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
-            // The head from t (as make_tile): no tile coordinate is held across the main loop for it.
-            const int head = kPersistent ? t / (num_m_blocks * params.b) : int(blockIdx.z);
-            Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
-                                          learnable_sink_of(params, head));
-            if constexpr (kPersistent) {
-                // The tile's coordinates again from t: fewer registers held across the main loop.
-                const BlockInfo binfo_epi(params, batch_of(t));
-                const Tile tile_epi = make_tile(t, binfo_epi);
-                fwd_ws_store<Traits, kMayTmaO>(kp, binfo_epi, acc_o, lse, smem_o, wg, wg_tidx, tile_epi.bidb, tile_epi.bidh,
-                                     tile_epi.m_block * kBlockM + wg * kRowsPerWG);
-                if constexpr (!kOwnO) { release_q(); }
-            } else {
-                fwd_ws_store<Traits, kMayTmaO>(kp, binfo, acc_o, lse, smem_o, wg, wg_tidx, tile.bidb, tile.bidh, row0);
-                break;
-            }
+            fwd_ws_finalize_and_store<Traits, kPersistent, kOwnO, kMayTmaO>(kp, sched, t, binfo, tile, acc_o, softmax,
+                                                                            smem_o, wg, wg_tidx, row0, is_dropout,
+                                                                            release_q);
+            if constexpr (!kPersistent) { break; }
         }
         fwd_ws_store_drain<kMayTmaO>(kp, wg_tidx);  // the last TMA store has read its tile before the CTA exits
     }
