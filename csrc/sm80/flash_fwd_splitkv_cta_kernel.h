@@ -58,6 +58,87 @@ struct SplitKVCtaTraits {
     static constexpr int kSmemSize = (kQElems + 2 * kRingElems) * int(sizeof(Element));
 };
 
+// Block-table entry of each 16-key chunk of CTA tile `tile` (0 past seqlen_k): a thread's rows
+// of a chunk lie in one power-of-two page, so the tile's copies need no division per row.
+template <int kBlockN, int kPageChunks>
+__forceinline__ __device__ void splitkv_cta_load_pages(int (&chunk_page)[kPageChunks], const int *block_table, int tile,
+                                                       int seqlen_k, int page_shift) {
+    CUTE_UNROLL
+    for (int c = 0; c < kPageChunks; ++c) {
+        const int key = tile * kBlockN + 16 * c;
+        chunk_page[c] = key < seqlen_k ? block_table[key >> page_shift] : 0;
+    }
+}
+
+// One tensor's (K or V) tile `tile` into buffer `stage` of `ring`, issued by the whole CTA: 16
+// threads per row (256 contiguous bytes), rows kRowsPerPass apart per pass; row r goes to warp
+// r / kBlockNw's sub-tile. Rows past seqlen_k are zero-filled. kPaged: chunk_page holds the
+// block-table entry of each 16-key chunk of the tile, and head is relative to the page base.
+template <typename Traits, bool kPaged, typename Element, int kPageSlots>
+__forceinline__ __device__ void splitkv_cta_load_tile(const FwdParams &params, const Element *head, int64_t row_stride,
+                                                      [[maybe_unused]] int64_t page_stride, Element *ring, int tile,
+                                                      int stage, int seqlen_k,
+                                                      [[maybe_unused]] const int (&chunk_page)[kPageSlots],
+                                                      int load_row, int load_col) {
+    using index_t = int64_t;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kBlockNw = Traits::kBlockNw;
+    constexpr int kRowsPerPass = Traits::kNThreads / (Traits::kHeadDim / 8);
+    auto sub_tile = [&](int w) {
+        return make_tensor(make_smem_ptr(ring + (stage * Traits::kNWarps + w) * Traits::kSubTileElems),
+                           typename Traits::WarpTraits::SmemLayoutKV{});
+    };
+    if constexpr (kPaged) {
+        CUTE_UNROLL
+        for (int c = 0; c < kBlockN / 16; ++c) {
+            const int key = tile * kBlockN + 16 * c;  // first key of the chunk
+            const int in_page = (key & (params.page_block_size - 1)) + load_row;
+            const Element *src = head + index_t(chunk_page[c]) * page_stride + index_t(in_page) * row_stride + load_col;
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * c + load_row + 8 * h;  // row of the tile
+                const bool ok = tile * kBlockN + r < seqlen_k;
+                Tensor s = sub_tile(r / kBlockNw);
+                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(8 * h) * row_stride : head, ok);
+            }
+        }
+    } else {
+        const int key0 = tile * kBlockN + load_row;
+        const Element *src = head + index_t(key0) * row_stride + load_col;
+        CUTE_UNROLL
+        for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
+            const int r = load_row + j * kRowsPerPass;  // row of the tile
+            const bool ok = key0 + j * kRowsPerPass < seqlen_k;
+            Tensor s = sub_tile(r / kBlockNw);
+            cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
+                              ok);
+        }
+    }
+}
+
+// The first cp.async groups after Q's: K(0), V(0), ..., V(S - 2), K(S - 1) (kTogether: tiles
+// 0 .. S - 2, K and V in one group). Groups past the last tile are issued empty, so the waits of
+// the main loop count the same for every n_tiles.
+template <int kStages, bool kTogether, typename LoadK, typename LoadV>
+__forceinline__ __device__ void splitkv_cta_issue_first_tiles(int n_tiles, LoadK const &load_k, LoadV const &load_v) {
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+        if constexpr (kTogether) {
+            if (s < kStages - 1) {
+                if (s < n_tiles) { load_k(s); load_v(s); }
+                cp_async_fence();
+            }
+        } else {
+            if (s > 0) {
+                if (s - 1 < n_tiles) load_v(s - 1);
+                cp_async_fence();
+            }
+            if (s < n_tiles) load_k(s);
+            cp_async_fence();
+        }
+    }
+}
+
 // kPaged (FwdParams::decode_paged_cta): K / V rows through params.block_table, for power-of-two
 // pages without cache_leftpad (the binding checks): a thread's rows of a tile come in 16-row
 // chunks (rows 16 c + load_row and + 8) that each lie in one page, so a tile costs the thread
@@ -108,9 +189,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     splitkv_load_q<kHeadDim, kNThreads, Element>(params, blk, sQ, tidx);
     cp_async_fence();
 
-    // ---- K / V tiles: the whole CTA loads one tile of one tensor per call, 16 threads per row
-    // (256 contiguous bytes), rows kRowsPerPass apart per pass; row r goes to warp r / 32's sub-tile.
-    // Paged: the head's rows start at the page base (k_batch_stride is the page stride).
+    // ---- K / V tiles (splitkv_cta_load_tile). Paged: the head's rows start at the page base
+    // (k_batch_stride is the page stride).
     const index_t k_dense = (kPaged ? 0 : binfo.k_offset(params.k_batch_stride, params.k_row_stride, bidb)) +
                             bidh_k * params.k_head_stride;
     const index_t v_dense = (kPaged ? 0 : binfo.k_offset(params.v_batch_stride, params.v_row_stride, bidb)) +
@@ -127,42 +207,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         kPaged ? params.block_table + index_t(bidb) * params.block_table_batch_stride : nullptr;
     [[maybe_unused]] const int page_shift = kPaged ? __ffs(params.page_block_size) - 1 : 0;  // a power of two
     auto load_pages = [&](int it) {
-        if constexpr (kPaged) {
-            CUTE_UNROLL
-            for (int c = 0; c < kPageChunks; ++c) {
-                const int key = (s_begin + it) * kBlockN + 16 * c;
-                chunk_page[c] = key < seqlen_k ? block_table[key >> page_shift] : 0;
-            }
-        }
+        if constexpr (kPaged) { splitkv_cta_load_pages<kBlockN>(chunk_page, block_table, s_begin + it, seqlen_k, page_shift); }
     };
     auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage,
-                         [[maybe_unused]] index_t page_stride) {
-        if constexpr (kPaged) {
-            CUTE_UNROLL
-            for (int c = 0; c < kPageChunks; ++c) {
-                const int key = tile * kBlockN + 16 * c;  // first key of the chunk
-                const int in_page = (key & (params.page_block_size - 1)) + load_row;
-                const Element *src = head + index_t(chunk_page[c]) * page_stride + index_t(in_page) * row_stride + load_col;
-                CUTE_UNROLL
-                for (int h = 0; h < 2; ++h) {
-                    const int r = 16 * c + load_row + 8 * h;  // row of the tile
-                    const bool ok = tile * kBlockN + r < seqlen_k;
-                    Tensor s = sub_tile(ring, stage, r / kBlockNw);
-                    cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(8 * h) * row_stride : head, ok);
-                }
-            }
-        } else {
-            const int key0 = tile * kBlockN + load_row;
-            const Element *src = head + index_t(key0) * row_stride + load_col;
-            CUTE_UNROLL
-            for (int j = 0; j < kBlockN / kRowsPerPass; ++j) {
-                const int r = load_row + j * kRowsPerPass;  // row of the tile
-                const bool ok = key0 + j * kRowsPerPass < seqlen_k;
-                Tensor s = sub_tile(ring, stage, r / kBlockNw);
-                cp_async_16_zfill(&s(r % kBlockNw, load_col), ok ? src + index_t(j * kRowsPerPass) * row_stride : head,
-                                  ok);
-            }
-        }
+                         index_t page_stride) {
+        splitkv_cta_load_tile<Traits, kPaged>(params, head, row_stride, page_stride, ring, tile, stage, seqlen_k,
+                                              chunk_page, load_row, load_col);
     };
     auto load_k = [&](int it) {
         load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages, params.k_batch_stride);
@@ -177,22 +227,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // (empty groups past the last tile keep the counts uniform). kTogether: Q, tiles 0 .. S - 2; then
     // per iteration tile it + S - 1 (K and V in one group).
     constexpr int kGroupsAfterQ = kTogether ? kStages - 1 : 2 * kStages - 1;
-    CUTE_UNROLL
-    for (int s = 0; s < kStages; ++s) {
-        if constexpr (kTogether) {
-            if (s < kStages - 1) {
-                if (s < n_tiles) { load_k(s); load_v(s); }
-                cp_async_fence();
-            }
-        } else {
-            if (s > 0) {
-                if (s - 1 < n_tiles) load_v(s - 1);
-                cp_async_fence();
-            }
-            if (s < n_tiles) load_k(s);
-            cp_async_fence();
-        }
-    }
+    splitkv_cta_issue_first_tiles<kStages, kTogether>(n_tiles, load_k, load_v);
 
     TiledMma tiled_mma;
     auto thr_mma = tiled_mma.get_thread_slice(lane);
