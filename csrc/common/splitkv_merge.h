@@ -125,6 +125,15 @@ __forceinline__ __device__ void splitkv_load_q(const FwdParams &params, Block co
     }
 }
 
+// Q's A-operand fragment of S = Q K^T, copied from shared memory (tSsQ: this thread's partition)
+// into registers, so that the K tiles are the only ldmatrix traffic of the S GEMMs.
+template <typename TensorSQ, typename TensorRQ, typename Copy, typename ThrCopy>
+__forceinline__ __device__ void splitkv_q_to_regs(TensorSQ const &tSsQ, TensorRQ &tSrQ, Copy const &smem_copy_Q,
+                                                  ThrCopy const &thr_smem_copy_Q) {
+    Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
+    cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
+}
+
 // Online-softmax step of one warp tile that skips O *= exp(m_old - m_new) when no row of the tile
 // raised its running max (a warp vote; after the first tiles the max rarely moves). Multiplying by 1
 // is exact, so the result is bitwise that of softmax.update.

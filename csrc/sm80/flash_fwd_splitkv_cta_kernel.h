@@ -83,7 +83,9 @@ __forceinline__ __device__ void splitkv_cta_load_tile(const FwdParams &params, c
     using index_t = int64_t;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kBlockNw = Traits::kBlockNw;
-    constexpr int kRowsPerPass = Traits::kNThreads / (Traits::kHeadDim / 8);
+    constexpr int kRowsPerPass = Traits::kNThreads / (Traits::kHeadDim / 8);  // rows of a tile one pass loads
+    static_assert(kBlockN % kRowsPerPass == 0);
+    static_assert(!kPaged || (kRowsPerPass == 8 && kBlockN % 16 == 0), "paged: two rows of a thread per 16-row chunk");
     auto sub_tile = [&](int w) {
         return make_tensor(make_smem_ptr(ring + (stage * Traits::kNWarps + w) * Traits::kSubTileElems),
                            typename Traits::WarpTraits::SmemLayoutKV{});
@@ -162,8 +164,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     constexpr int kStages = Traits::kStages;
     constexpr bool kTogether = Traits::kTogether;
     constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
-    constexpr int kRowsPerPass = kNThreads / kChunksPerRow;  // rows of a tile one pass of the CTA loads
-    static_assert(kBlockN % kRowsPerPass == 0);
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x, warp = tidx / 32, lane = tidx % 32;
@@ -201,7 +201,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // kPaged: block-table entry of each 16-key chunk of the next tile to issue (load_pages(it) once
     // the previous tile's copies went out).
     constexpr int kPageChunks = kBlockN / 16;
-    static_assert(!kPaged || (kRowsPerPass == 8 && kBlockN % 16 == 0), "paged: two rows of a thread per 16-row chunk");
     [[maybe_unused]] int chunk_page[kPaged ? kPageChunks : 1];
     [[maybe_unused]] const int *block_table =
         kPaged ? params.block_table + index_t(bidb) * params.block_table_batch_stride : nullptr;
@@ -209,16 +208,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     auto load_pages = [&](int it) {
         if constexpr (kPaged) { splitkv_cta_load_pages<kBlockN>(chunk_page, block_table, s_begin + it, seqlen_k, page_shift); }
     };
-    auto load_tile = [&](const Element *head, index_t row_stride, Element *ring, int tile, int stage,
-                         index_t page_stride) {
-        splitkv_cta_load_tile<Traits, kPaged>(params, head, row_stride, page_stride, ring, tile, stage, seqlen_k,
-                                              chunk_page, load_row, load_col);
-    };
     auto load_k = [&](int it) {
-        load_tile(k_head, params.k_row_stride, smem_k, s_begin + it, it % kStages, params.k_batch_stride);
+        splitkv_cta_load_tile<Traits, kPaged>(params, k_head, params.k_row_stride, params.k_batch_stride, smem_k,
+                                              s_begin + it, it % kStages, seqlen_k, chunk_page, load_row, load_col);
     };
     auto load_v = [&](int it) {
-        load_tile(v_head, params.v_row_stride, smem_v, s_begin + it, it % kStages, params.v_batch_stride);
+        splitkv_cta_load_tile<Traits, kPaged>(params, v_head, params.v_row_stride, params.v_batch_stride, smem_v,
+                                              s_begin + it, it % kStages, seqlen_k, chunk_page, load_row, load_col);
         if constexpr (kPaged) { load_pages(it + 1); }  // K and V of tile it are out: the next tile's pages
     };
     if constexpr (kPaged) { load_pages(0); }
@@ -259,11 +255,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     cp_async_wait<kGroupsAfterQ>();  // Q (the first group) landed for this thread
     __syncthreads();                   // ... and for every thread
-    {
-        Tensor tSsQ = thr_smem_copy_Q.partition_S(sQ);
-        Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
-        cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
-    }
+    splitkv_q_to_regs(thr_smem_copy_Q.partition_S(sQ), tSrQ, smem_copy_Q, thr_smem_copy_Q);
 
     for (int it = 0; it < n_tiles; ++it) {
         const int stage = it % kStages;

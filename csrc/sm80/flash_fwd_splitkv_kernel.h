@@ -211,10 +211,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
     cp_async_wait<kStages - 1>();  // Q (the first group) landed for this thread
     __syncthreads();               // ... and for every thread
-    if constexpr (Traits::kQInRegs) {
-        Tensor tSrQ_view = thr_smem_copy_Q.retile_D(tSrQ);
-        cute::copy(smem_copy_Q, tSsQ, tSrQ_view);
-    }
+    if constexpr (Traits::kQInRegs) { splitkv_q_to_regs(tSsQ, tSrQ, smem_copy_Q, thr_smem_copy_Q); }
 
     for (int it = 0; it < my_count; ++it) {
         const int stage = it % kStages;
