@@ -72,6 +72,67 @@ template <typename Element>
 using SplitKVWideTraits = SplitKVKernelTraits<128, Element, 8, 16, 3, true>;
 static_assert(SplitKVWideTraits<cutlass::bfloat16_t>::kSmemSize == kSplitKVWideSmemBytes);
 
+// One warp's K and V tile `tile` into sK / sV, 16-byte copies per lane; keys past seqlen_k and
+// columns past d are zero-filled. Dense rows are k_dense / v_dense plus the key's row stride; paged
+// rows look their page up in pages (paged_chunks: the tile's 16-key chunks, fetched ahead) or,
+// otherwise, in block_table row by row.
+template <int kBlockNw, int kHeadDim, typename TensorK, typename TensorV, typename Element, int kPageChunks>
+__forceinline__ __device__ void splitkv_warp_load_tile(const FwdParams &params, TensorK &&sK, TensorV &&sV,
+                                                       const Element *k_ptr, const Element *v_ptr, int64_t k_dense,
+                                                       int64_t v_dense, const int *block_table, bool paged_chunks,
+                                                       const int (&pages)[kPageChunks], int leftpad_k, int bidh_k,
+                                                       int tile, int seqlen_k, int lane) {
+    using index_t = int64_t;
+    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
+    CUTE_UNROLL
+    for (int j = 0; j < kBlockNw * kChunksPerRow / 32; ++j) {
+        const int idx = lane + 32 * j;
+        const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
+        const int key = tile * kBlockNw + r;
+        const bool ok = key < seqlen_k && c < params.d;
+        index_t k_off, v_off;
+        if (block_table != nullptr) {
+            const int row = leftpad_k + key;
+            const index_t page = !ok ? 0 : paged_chunks ? pages[r / 16] : block_table[row / params.page_block_size];
+            const index_t in_page = row % params.page_block_size;
+            k_off = page * params.k_batch_stride + in_page * params.k_row_stride + bidh_k * params.k_head_stride;
+            v_off = page * params.v_batch_stride + in_page * params.v_row_stride + bidh_k * params.v_head_stride;
+        } else {
+            k_off = k_dense + index_t(key) * params.k_row_stride;
+            v_off = v_dense + index_t(key) * params.v_row_stride;
+        }
+        cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
+        cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
+    }
+}
+
+// The first kStages - 1 tiles of this warp (my_first, + kNWarps, ...) into stages 0 .. kStages - 2,
+// one cp.async group each; groups past my_count are issued empty, so the main loop's waits count
+// the same for every my_count.
+template <int kStages, int kNWarps, typename LoadTile>
+__forceinline__ __device__ void splitkv_warp_issue_first_tiles(int my_first, int my_count, LoadTile const &load_tile) {
+    CUTE_UNROLL
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < my_count) load_tile(my_first + s * kNWarps, s);
+        cp_async_fence();
+    }
+}
+
+// S += Q K^T of one warp tile: Q from registers (kQInRegs, loaded once by splitkv_q_to_regs) or
+// re-read from shared memory with each K k-block.
+template <bool kQInRegs, typename TensorS, typename TensorRQ, typename TensorRK, typename TensorSQ, typename TensorSK,
+          typename TiledMma, typename CopyQ, typename CopyK, typename ThrCopyQ, typename ThrCopyK>
+__forceinline__ __device__ void splitkv_gemm_qk(TensorS &acc_s, TensorRQ &tSrQ, TensorRK &tSrK, TensorSQ const &tSsQ,
+                                                TensorSK const &tSsK, TiledMma const &tiled_mma, CopyQ const &smem_copy_Q,
+                                                CopyK const &smem_copy_K, ThrCopyQ const &thr_smem_copy_Q,
+                                                ThrCopyK const &thr_smem_copy_K) {
+    if constexpr (kQInRegs) {
+        gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
+    } else {
+        gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q, thr_smem_copy_K);
+    }
+}
+
 // kSkipRescale (dispatched for the wide shape's plain calls): skip O *= exp(m_old - m_new) when no row of
 // the warp's tile raised its running max (a warp vote; after the first tiles the max rarely moves),
 // taking 64 FMULs per lane off the per-tile chain S -> softmax -> P V. Multiplying by 1 is exact,
@@ -88,7 +149,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kNWarps = Traits::kNWarps;
     constexpr int kStages = Traits::kStages;
-    constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks
     constexpr int kTileElems = Traits::kTileElems;
     constexpr int kQElems = Traits::kQElems;
 
@@ -143,28 +203,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
         }
     };
     auto load_tile = [&](int tile, int stage) {
-        Tensor sK = sK_at(stage);
-        Tensor sV = sV_at(stage);
-        CUTE_UNROLL
-        for (int j = 0; j < kBlockNw * kChunksPerRow / 32; ++j) {
-            const int idx = lane + 32 * j;
-            const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
-            const int key = tile * kBlockNw + r;
-            const bool ok = key < seqlen_k && c < params.d;
-            index_t k_off, v_off;
-            if (block_table != nullptr) {
-                const int row = binfo.leftpad_k + key;
-                const index_t page = !ok ? 0 : paged_chunks ? next_pages[r / 16] : block_table[row / params.page_block_size];
-                const index_t in_page = row % params.page_block_size;
-                k_off = page * params.k_batch_stride + in_page * params.k_row_stride + bidh_k * params.k_head_stride;
-                v_off = page * params.v_batch_stride + in_page * params.v_row_stride + bidh_k * params.v_head_stride;
-            } else {
-                k_off = k_dense + index_t(key) * params.k_row_stride;
-                v_off = v_dense + index_t(key) * params.v_row_stride;
-            }
-            cp_async_16_zfill(&sK(r, c), ok ? k_ptr + k_off + c : k_ptr, ok);
-            cp_async_16_zfill(&sV(r, c), ok ? v_ptr + v_off + c : v_ptr, ok);
-        }
+        splitkv_warp_load_tile<kBlockNw, kHeadDim>(params, sK_at(stage), sV_at(stage), k_ptr, v_ptr, k_dense, v_dense,
+                                                   block_table, paged_chunks, next_pages, binfo.leftpad_k, bidh_k,
+                                                   tile, seqlen_k, lane);
         if (paged_chunks) { fetch_pages(tile + kNWarps); }  // the next tile this warp loads
     };
 
@@ -172,11 +213,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     const int my_first = s_begin + warp;
     const int my_count = my_first < s_end ? ceil_div(s_end - my_first, kNWarps) : 0;
     if (paged_chunks && my_count > 0) { fetch_pages(my_first); }
-    CUTE_UNROLL
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (s < my_count) load_tile(my_first + s * kNWarps, s);
-        cp_async_fence();
-    }
+    splitkv_warp_issue_first_tiles<kStages, kNWarps>(my_first, my_count, load_tile);
 
     TiledMma tiled_mma;
     auto thr_mma = tiled_mma.get_thread_slice(lane);
@@ -196,7 +233,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
     softmax.reset();
 
     Tensor sK0 = sK_at(0);
-    Tensor sVt0 = make_tensor(sK0.data(), typename WT::SmemLayoutVt{});
     Tensor sVtNoSwizzle0 = make_tensor(sK0.data().get(), typename WT::SmemLayoutVtNoSwizzle{});
     Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
     Tensor tSrK = thr_mma.partition_fragment_B(sK0);
@@ -230,12 +266,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) flash_fwd_splitkv_kernel(co
 
         Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockNw>>{});
         clear(acc_s);
-        if constexpr (Traits::kQInRegs) {
-            gemm_rs(acc_s, tSrQ, tSrK, tSsK, tiled_mma, smem_copy_K, thr_smem_copy_K);
-        } else {
-            gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K, thr_smem_copy_Q,
-                    thr_smem_copy_K);
-        }
+        splitkv_gemm_qk<Traits::kQInRegs>(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_copy_Q, smem_copy_K,
+                                          thr_smem_copy_Q, thr_smem_copy_K);
 
         splitkv_mod_and_mask<kMod, kBlockNw>(acc_s, coords_s_rc, row_q, alibi_slope, tile * kBlockNw, seqlen_k, diag,
                                              needs_row_mask, params);
