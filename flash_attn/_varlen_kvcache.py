@@ -651,8 +651,7 @@ def _kvcache_impl(
     out, softmax_lse = ext.fwd_kvcache(
         q, kc, vc, seqused, cache_leftpad, cache_batch_idx, block_table, softmax_scale, causal,
         window_size_left, window_size_right, num_splits, softcap, alibi_slopes,
-        **_common.sink_kwargs(learnable_sink),
-        **({"guard_indices": True} if guard_in_kernel_call else {}),
+        **_common.sink_kwargs(learnable_sink), guard_indices=guard_in_kernel_call,
     )
     return _common.out_at_head_dim(out, v_cache.shape[-1]), softmax_lse
 

@@ -593,7 +593,7 @@ class CpuExt:
 
     def fwd_kvcache(self, q, kc, vc, seqused, leftpad, batch_idx, block_table, softmax_scale,
                     causal, wl, wr, num_splits, softcap=0.0, alibi_slopes=None,
-                    learnable_sink=None):
+                    learnable_sink=None, guard_indices=False):
         from test_varlen_kvcache import _slopes_of, attn_ref_one
 
         self._scale(softmax_scale)

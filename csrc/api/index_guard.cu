@@ -9,6 +9,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "common/kv_index_check.h"
 #include "common/launch_check.h"
 
 namespace flash {
@@ -121,17 +122,8 @@ __global__ void __launch_bounds__(kGuardThreads) kvcache_guard_kernel(const Kvca
     auto seqlen_of = [&](int i) { return a.cache_seqlens != nullptr ? a.cache_seqlens[i] : a.default_seqlen; };
     const int tid = blockIdx.x * kGuardThreads + threadIdx.x, n_threads = gridDim.x * kGuardThreads;
     for (int i = tid; i < a.b; i += n_threads) {
-        const int s = seqlen_of(i);
-        int code = kIndexOk;
-        if (s < 0) {
-            code = kCacheSeqlensNegative;
-        } else if ((long long)s + a.seqlen_new > a.seqlen_cache) {
-            code = kCacheSeqlensPastEnd;
-        } else if (a.batch_idx != nullptr && (a.batch_idx[i] < 0 || a.batch_idx[i] >= a.batch_cache)) {
-            code = kCacheBatchIdxRange;
-        } else if (a.leftpad != nullptr && (a.leftpad[i] < 0 || a.leftpad[i] > s)) {
-            code = kCacheLeftpadRange;
-        }
+        const int code =
+            kvcache_index_error(seqlen_of(i), a.seqlen_new, a.seqlen_cache, a.batch_idx, a.batch_cache, a.leftpad, i);
         if (code != kIndexOk) atomicMin(&block_error, error_key(i, code, 0));
     }
     if (a.pages.block_table != nullptr) {

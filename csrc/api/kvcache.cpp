@@ -10,9 +10,9 @@ namespace flash::api {
 
 // ---------------------------------------------------------------------------------------------
 // KV-cache attention (the kernel part of flash_attn_with_kvcache; the append of new keys and the
-// rotary embedding happen before, in Python). guard_indices: run the device-side index guard first
-// (calls without new keys; with new keys Python runs it before the append). q (b, seqlen_q, h, d); k_cache / v_cache
-// (b_cache, seqlen_cache, h_k, d) or paged (num_blocks, page_block_size, h_k, d) with
+// rotary embedding happen before, in Python). guard_indices: the index values are unchecked (calls
+// without new keys; with new keys Python runs the guard before the append). q (b, seqlen_q, h, d);
+// k_cache / v_cache (b_cache, seqlen_cache, h_k, d) or paged (num_blocks, page_block_size, h_k, d) with
 // block_table (b, max_blocks_per_seq). Sequence b sees cache rows [leftpad[b], seqused_k[b]).
 // ---------------------------------------------------------------------------------------------
 
@@ -103,11 +103,9 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
     // for decoding (few rows) and is the one that reads paged caches and splits the keys.
     const bool use_split = paged || num_splits > 1 || packed_rows <= 64;
     // Values the host did not check (guard_indices). The split-KV kernels check a contiguous
-    // cache's values themselves, each CTA its own sequence's; otherwise (paged: see
-    // common/kv_index_check.h) the device-side guard runs first and the kernels read its copies,
-    // all zeros (no key rows) when one is out of range. A
-    // decoding step is tens of microseconds, so neither costs a call from Python, and the first
-    // costs no launch either.
+    // cache's values themselves, each CTA its own sequence's, so a decoding step pays no guard
+    // launch; otherwise (paged: see common/kv_index_check.h) the device-side guard runs here first
+    // and the kernels read its copies, all zeros (no key rows) when one is out of range.
     at::Tensor guarded;
     flash::IndexErrorRecord *record = guard_indices && use_split && !paged ? flash::index_error_record() : nullptr;
     if (record != nullptr) {

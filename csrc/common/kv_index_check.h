@@ -11,16 +11,23 @@
 
 namespace flash {
 
-// The first bad index value of sequence i (kIndexOk: none), in the host checks' order.
+// The first bad KV-cache index value of sequence i (kIndexOk: none), in the host checks' order:
+// its `rows` in use (cache_seqlens) plus the `rows_new` appended within `rows_cap`, its
+// cache_batch_idx (nullptr: none) in [0, batch_cache), its cache_leftpad (nullptr: none) in
+// [0, rows]. Shared by the guard kernel (api/index_guard.cu) and the split-KV kernels.
+__forceinline__ __device__ int kvcache_index_error(int rows, int rows_new, int rows_cap, const int *batch_idx,
+                                                   int batch_cache, const int *leftpad, int i) {
+    if (rows < 0) return kCacheSeqlensNegative;
+    if (static_cast<long long>(rows) + rows_new > rows_cap) return kCacheSeqlensPastEnd;
+    if (batch_idx != nullptr && (batch_idx[i] < 0 || batch_idx[i] >= batch_cache)) return kCacheBatchIdxRange;
+    if (leftpad != nullptr && (leftpad[i] < 0 || leftpad[i] > rows)) return kCacheLeftpadRange;
+    return kIndexOk;
+}
+
+// kvcache_index_error for a split-KV kernel's sequence i (no new rows on this path).
 __forceinline__ __device__ int kv_index_error(const FwdParams &p, int i) {
     const int rows = p.seqused_k != nullptr ? p.seqused_k[i] : p.kv_cache_rows;
-    if (rows < 0) return kCacheSeqlensNegative;
-    if (rows > p.kv_cache_rows) return kCacheSeqlensPastEnd;
-    if (p.kv_batch_idx != nullptr && (p.kv_batch_idx[i] < 0 || p.kv_batch_idx[i] >= p.kv_cache_batch)) {
-        return kCacheBatchIdxRange;
-    }
-    if (p.leftpad_k != nullptr && (p.leftpad_k[i] < 0 || p.leftpad_k[i] > rows)) return kCacheLeftpadRange;
-    return kIndexOk;
+    return kvcache_index_error(rows, 0, p.kv_cache_rows, p.kv_batch_idx, p.kv_cache_batch, p.leftpad_k, i);
 }
 
 // Called by one thread for a sequence i with a bad value `code`, before the kernel's main work:
