@@ -1068,6 +1068,49 @@ def test_kvcache_checks_in_the_split_kernels_report_the_first_bad_value(num_spli
         flash_attn.check_index_errors()
 
 
+@pytest.mark.parametrize("d, page, leftpad", [(128, 16, False), (128, 48, False), (64, 16, False), (128, 16, True)],
+                         ids=["d128-page16", "d128-page48", "d64-page16", "d128-leftpad"])
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("window", [(-1, -1), (20, 0)])
+def test_kvcache_paged_checks_in_the_split_kernels(d, page, leftpad, num_splits, window, check_mode):
+    """Paged decoding without new keys: each split-KV CTA checks the block-table entries of its
+    keys. The error is the host checks' first (row, then column), also for an entry that a
+    sliding window never reads; rows without a bad entry are computed."""
+    require_config(torch.bfloat16, d)
+    import flash_attn
+
+    b, hk, cols = 5, 2, 8
+    q = torch.randn(b, 1, 8, d, device="cuda", dtype=torch.bfloat16)
+    n_pages = b * cols
+    kp, vp = (torch.randn(n_pages, page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    good = torch.randperm(n_pages, device="cuda").to(torch.int32).view(b, cols)
+    seqlens = _i32c(*[cols * page - 3, 6 * page + 1, cols * page, 3 * page, 5 * page + 7])
+    kw = dict(cache_seqlens=seqlens, num_splits=num_splits, window_size=window)
+    if leftpad:
+        kw["cache_leftpad"] = _i32c(0, 3, page + 2, 0, 1)
+    bad = good.clone()
+    bad[1, 2] = n_pages      # row 1, a page the window skips
+    bad[3, 0] = -1           # a later row
+    bad[4, 7] = n_pages + 5  # past row 4's pages in use: never checked
+    _expect_rejected(lambda: flash_attn_with_kvcache(q, kp, vp, block_table=bad, **kw),
+                     rf"block_table\[1, 2\] = {n_pages}", check_mode)
+    if check_mode == "device":
+        out = flash_attn_with_kvcache(q, kp, vp, block_table=bad, **kw)
+        torch.cuda.synchronize()
+        with pytest.raises(ValueError, match=rf"block_table\[1, 2\] = {n_pages}"):
+            flash_attn.check_index_errors()
+        ref = flash_attn_with_kvcache(q, kp, vp, block_table=good, **kw)
+        for i in (0, 2, 4):
+            assert torch.equal(out[i], ref[i]), i
+        flash_attn.check_index_errors()
+        only_unused = good.clone()
+        only_unused[4, 7] = -7
+        out = flash_attn_with_kvcache(q, kp, vp, block_table=only_unused, **kw)
+        torch.cuda.synchronize()
+        flash_attn.check_index_errors()
+        assert torch.equal(out, ref)
+
+
 def test_device_guard_in_a_cuda_graph():
     """Default checks: the device-side guard is captured with the call, so a bad value written
     into the index tensor after capture is caught at replay: nothing is appended, and the error

@@ -59,16 +59,7 @@ __device__ unsigned long long grid_error(unsigned long long block_error, GuardSc
 
 // The host record takes the first error since the host last took one.
 __device__ void publish(IndexErrorRecord *record, int code, int index, int column, long long value, long long limit) {
-    if (record == nullptr) return;
-    volatile IndexErrorRecord *r = record;
-    if (r->code != kIndexOk) return;
-    r->index = index;
-    r->column = column;
-    r->value = value;
-    r->limit = limit;
-    __threadfence_system();
-    r->code = code;
-    __threadfence_system();
+    if (record != nullptr) write_index_record(record, code, index, column, value, limit);
 }
 
 __device__ __forceinline__ int key_index(unsigned long long key) { return static_cast<int>((key >> 31) & 0x7ffffff); }

@@ -102,12 +102,12 @@ static std::vector<at::Tensor> mha_fwd_kvcache(at::Tensor q, at::Tensor k_cache,
     // The split-KV kernel reads each K/V tile once for all packed rows of a 16-row block: it wins
     // for decoding (few rows) and is the one that reads paged caches and splits the keys.
     const bool use_split = paged || num_splits > 1 || packed_rows <= 64;
-    // Values the host did not check (guard_indices). The split-KV kernels check a contiguous
-    // cache's values themselves, each CTA its own sequence's, so a decoding step pays no guard
-    // launch; otherwise (paged: see common/kv_index_check.h) the device-side guard runs here first
-    // and the kernels read its copies, all zeros (no key rows) when one is out of range.
+    // Values the host did not check (guard_indices). The split-KV kernels check them themselves,
+    // each CTA its own sequence's values and its split's block-table entries, so a decoding step
+    // pays no guard launch (common/kv_index_check.h); otherwise the device-side guard runs here
+    // first and the kernel reads its copies, all zeros (no key rows) when one is out of range.
     at::Tensor guarded;
-    flash::IndexErrorRecord *record = guard_indices && use_split && !paged ? flash::index_error_record() : nullptr;
+    flash::IndexErrorRecord *record = guard_indices && use_split ? flash::index_error_record() : nullptr;
     if (record != nullptr) {
         params.kv_index_record = record;
         params.kv_cache_rows = static_cast<int>(seqlen_k);

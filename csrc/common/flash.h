@@ -108,13 +108,15 @@ struct FwdParams : QKVParams {
     // Split-KV at d = 128: the 8-warp, one-CTA-per-SM shape (SplitKVWideTraits); set by the
     // binding when the device has kSplitKVWideSmemBytes of shared memory per block.
     bool splitkv_wide;
-    // Entries of the dense KV cache (k_cache.shape[0]; the TMA decode variant's batch extent).
+    // Entries of the KV cache (k_cache.shape[0]: batch entries, or pages when paged; the TMA
+    // decode variant's batch extent).
     int kv_cache_batch;
-    // KV-cache values the host did not check, on the split-KV kernels (calls without new keys,
-    // contiguous caches): each CTA checks its sequence's seqused_k, kv_batch_idx and leftpad_k
-    // against kv_cache_rows and kv_cache_batch and runs a sequence with a bad one as a sequence
-    // without keys. The first bad value (in the host checks' order) goes to this pinned record
-    // (common/kv_index_check.h). nullptr: the values are trusted.
+    // KV-cache values the host did not check, on the split-KV kernels (calls without new keys):
+    // each CTA checks its sequence's seqused_k, kv_batch_idx and leftpad_k against kv_cache_rows
+    // and kv_cache_batch, and the block-table entries of its keys against kv_cache_batch, and runs
+    // a sequence (or split) with a bad one as one without keys. The first bad value (in the host
+    // checks' order) goes to this pinned record (common/kv_index_check.h). nullptr: the values are
+    // trusted.
     IndexErrorRecord *kv_index_record;
     int kv_cache_rows;
     // Paged d128 caches (power-of-two pages, no cache_leftpad, no softcap / ALiBi) through the

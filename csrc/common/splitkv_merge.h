@@ -103,6 +103,48 @@ __forceinline__ __device__ SplitKVTiles splitkv_split_tiles(const FwdParams &par
     return {s_begin, min(t_end, s_begin + tiles_per_split)};
 }
 
+// splitkv_split_tiles with the block-table entries checked, where the kernel checks the index
+// values (kv_index_record, paged keys): a split whose keys lie on a page with a bad entry reads no
+// key (its tiles come back empty). The m_block 0, head 0 CTA of each split also checks its share
+// of the row's pages in use (the host checks' columns, in num_splits shares: together they cover
+// the pages a window skips too) and reports the share's first bad entry. In one pass over both
+// ranges before the kernel's first page load (the entries stay in L1 for that load); uniform over
+// the CTA. kMayBePaged false: a kernel compiled for contiguous keys only.
+template <int kTileKeys, bool kMayBePaged = true, typename Block>
+__device__ SplitKVTiles splitkv_checked_tiles(const FwdParams &params, Block const &blk) {
+    const SplitKVTiles tiles = splitkv_split_tiles<kTileKeys>(params, blk);
+    if (!kMayBePaged || params.kv_index_record == nullptr || params.block_table == nullptr || blk.kv_error != kIndexOk) return tiles;
+    const int page = params.page_block_size, leftpad = blk.binfo.leftpad_k;
+    int read_lo = 0, read_hi = 0;
+    if (tiles.end > tiles.begin) {
+        read_lo = (leftpad + tiles.begin * kTileKeys) / page;
+        read_hi = ceil_div(leftpad + min(tiles.end * kTileKeys, blk.seqlen_k), page);
+    }
+    int share_lo = 0, share_hi = 0;
+    if (blk.m_block == 0 && blk.bidh_k == 0) {
+        const int in_use = kv_pages_in_use(params, blk.bidb), share = ceil_div(in_use, params.num_splits);
+        share_lo = min(in_use, blk.split * share), share_hi = min(in_use, share_lo + share);
+    }
+    const int lo = share_lo < share_hi ? min(read_lo, share_lo) : read_lo;
+    const int hi = max(read_hi, share_hi);
+    const int *row = params.block_table + int64_t(blk.bidb) * params.block_table_batch_stride;
+    bool bad_read = false, bad_share = false;
+    for (int c = lo + int(threadIdx.x); c < hi; c += int(blockDim.x)) {
+        if (kv_page_bad(params, row[c])) {
+            bad_read |= c >= read_lo && c < read_hi;
+            bad_share |= c >= share_lo && c < share_hi;
+        }
+    }
+    if (__syncthreads_or(bad_share) && threadIdx.x == 0) {
+        int col = share_lo;
+        while (!kv_page_bad(params, row[col])) ++col;
+        bool earlier = false;  // a bad entry of the row before this share: its split reports it
+        for (int c = 0; c < share_lo && !earlier; ++c) earlier = kv_page_bad(params, row[c]);
+        if (!earlier) report_kv_page_error(params, blk.bidb, col);
+    }
+    return __syncthreads_or(bad_read) ? SplitKVTiles{tiles.begin, tiles.begin} : tiles;
+}
+
 // Q of the block's packed rows into sQ (cp.async, zero-filled past the last row and past d; the
 // caller fences).
 template <int kHeadDim, int kNThreads, typename Element, typename Block, typename TensorQ>

@@ -172,8 +172,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const BlockInfo &binfo = blk.binfo;
     const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
-    // Keys this row block can see, in whole CTA tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockN>(params, blk);
+    // Keys this row block can see, in whole CTA tiles, and this split's share of them (none
+    // when a page of them has a bad block-table entry).
+    const SplitKVTiles tiles = splitkv_checked_tiles<kBlockN, kPaged>(params, blk);
     const int s_begin = tiles.begin, n_tiles = max(0, tiles.end - tiles.begin);
 
     // ---- shared memory: Q | K ring (kStages x 4 warp sub-tiles) | V ring ----

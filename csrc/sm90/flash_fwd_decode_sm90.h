@@ -101,8 +101,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_decode_kernel_
     const BlockInfo &binfo = blk.binfo;
     const int bidb = blk.bidb, bidh_k = blk.bidh_k, seqlen_k = blk.seqlen_k, diag = blk.diag;
 
-    // Keys this row block can see, in whole warp tiles, and this split's share of them.
-    const SplitKVTiles tiles = splitkv_split_tiles<kBlockNw>(params, blk);
+    // Keys this row block can see, in whole warp tiles, and this split's share of them (none
+    // when a page of them has a bad block-table entry).
+    const SplitKVTiles tiles = splitkv_checked_tiles<kBlockNw>(params, blk);
     const int s_begin = tiles.begin, s_end = tiles.end;
     // This warp's tiles: s_begin + warp, + kNWarps, ... (all < t_end, so each has >= 1 key < seqlen_k).
     const int my_first = s_begin + warp;

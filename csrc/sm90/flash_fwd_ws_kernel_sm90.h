@@ -194,14 +194,12 @@ __forceinline__ __device__ void fwd_ws_finalize_and_store(FwdWsKernelParams<Trai
                                                           int t, BlockInfo const &binfo, FwdWsTile const &tile,
                                                           TensorO &acc_o, Softmax &softmax,
                                                           typename Traits::Element *smem_o, int wg, int wg_tidx,
-                                                          int row0, bool is_dropout, ReleaseQ &&release_q) {
+                                                          int row0, bool is_dropout, float sink, ReleaseQ &&release_q) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
     FwdParams const &params = kp.p;
     // Dropout: out (and not the LSE) is scaled by 1 / (1 - p), as in the other kernels.
-    // The head from t (as the tile's): no tile coordinate is held across the main loop for it.
-    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
-                                  learnable_sink_of(params, sched.head_of(t)));
+    Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f, sink);
     if constexpr (kPersistent) {
         // The tile's coordinates again from t: fewer registers held across the main loop.
         const BlockInfo binfo_epi(params, sched.batch_of(t));
@@ -327,6 +325,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const bool is_dropout = kFeat && Traits::kDropoutTiles && params.p_dropout > 0.f;
             // This warpgroup's dropout keep flags, behind SharedStorage (kDropoutTiles only).
             uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize) + wg * 4 * 128;
+            // The sink's logit, loaded before the main loop: loaded at the epilogue, its latency
+            // showed in short (windowed) tiles.
+            const float sink = learnable_sink_of(params, tile.bidh);
             FwdWsFeatures feat_regs{};
             FwdWsFeatures const &feat =
                 fwd_ws_features<Traits, kFeat>(params, smem, binfo, tile, wg, wg_tidx, is_dropout, feat_regs);
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 cutlass::arch::NamedBarrier::sync(256, static_cast<uint32_t>(FwdWsBarrier::kSchedWG0));
             }
             fwd_ws_finalize_and_store<Traits, kPersistent, kOwnO, kMayTmaO>(kp, sched, t, binfo, tile, acc_o, softmax,
-                                                                            smem_o, wg, wg_tidx, row0, is_dropout,
+                                                                            smem_o, wg, wg_tidx, row0, is_dropout, sink,
                                                                             release_q);
             if constexpr (!kPersistent) { break; }
         }
