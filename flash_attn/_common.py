@@ -357,7 +357,7 @@ def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scal
         ctx.deterministic = deterministic
         ctx.packed = packed
         ctx.head_dim_qk = head_dim_qk
-    out = out_padded[..., :head_dim_v]
+    out = out_padded if out_padded.shape[-1] == head_dim_v else out_padded[..., :head_dim_v]
     return out if not return_softmax else (out, softmax_lse, S_dmask)
 
 

@@ -126,6 +126,32 @@ def _check_features(dropout_p, causal, window_size_left, window_size_right, soft
                              alibi_slopes is not None)
 
 
+def _valid_qkv(q, k, v):
+    """Whether unpacked q, k, v pass every check of _check_inputs, read with as few tensor
+    attribute reads as possible (the checks run on every call, and on a short call their host
+    time is the call's); False sends the call through the checks that name what is wrong."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        return False
+    dtype = q.dtype
+    if dtype not in _SUPPORTED_DTYPES or k.dtype != dtype or v.dtype != dtype:
+        return False
+    b, sq, h, d = qs
+    _, sk, hk, dk = ks
+    dv = vs[3]
+    if not (b >= 1 and sq >= 1 and sk >= 1 and hk >= 1 and h % hk == 0 and ks[0] == b
+            and vs[:3] == ks[:3] and dk == d and 1 <= d <= _MAX_HEADDIM and 1 <= dv <= _MAX_HEADDIM):
+        return False
+    if ((d != 1 and q.stride(3) != 1) or (d != 1 and k.stride(3) != 1)
+            or (dv != 1 and v.stride(3) != 1)):
+        return False
+    if not q.is_cuda and q.device.type not in _ALLOWED_DEVICE_TYPES:
+        return False
+    return _checks.same_device(k, q) and _checks.same_device(v, q)
+
+
 def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes,
                   deterministic, qkv=None, kv=None, softmax_scale=None, return_softmax=False):
     """Validate the arguments of every public entry point and return the scalar arguments
@@ -136,6 +162,11 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
     k = v = None and kv.  Raises FlashAttnTypeError / FlashAttnValueError (which are also
     TypeError / ValueError and RuntimeError) naming the offending argument.
     """
+    if qkv is None and kv is None and _valid_qkv(q, k, v):
+        args = _checks.common_args(dropout_p, softmax_scale, causal, window_size, softcap,
+                                   deterministic, return_softmax)
+        _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
+        return args
     if qkv is not None:
         _checks.check_packed(qkv, "qkv", 5, 3, "(batch_size, seqlen, 3, nheads, headdim)")
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
