@@ -388,11 +388,28 @@ def _sink_grad_rows(learnable_sink, softmax_lse, row_d, head_shape):
     return -(p_sink * row_d).sum(dim=[i for i in range(softmax_lse.dim()) if head_shape[i] == 1])
 
 
+def _sink_grad_kernel(learnable_sink, softmax_lse, softmax_d, cu_seqlens_q=None):
+    """dsink from the extension's one-launch kernel (api/sink_grad.h) on eager CUDA calls, else
+    None (the torch form then runs: CPU, meta and traced tensors)."""
+    if not softmax_lse.is_cuda or _is_compiling():
+        return None
+    ext = _get_ext()
+    if not hasattr(ext, "learnable_sink_grad"):
+        return None
+    cu = None if cu_seqlens_q is None else cu_seqlens_q.to(torch.int32)
+    grad = ext.learnable_sink_grad(learnable_sink.detach().float().contiguous(), softmax_lse.contiguous(),
+                                   softmax_d.contiguous(), cu)
+    return grad.to(learnable_sink.dtype)
+
+
 def learnable_sink_grad(learnable_sink, softmax_lse, softmax_d):
     """The gradient of the learnable sink of a dense call from the forward's softmax_lse (b, h,
     seqlen_q), sink included, and the backward's softmax_d (b, h, round128(seqlen_q)) =
     rowsum(dO * O): the sink's probability in row r is exp(sink[h] - lse[r]) and carries no
     value, so dsink[h] = -sum_r exp(sink[h] - lse[r]) D[r].  In the sink's dtype."""
+    grad = _sink_grad_kernel(learnable_sink, softmax_lse, softmax_d)
+    if grad is not None:
+        return grad
     seqlen_q = softmax_lse.shape[-1]
     grad = _sink_grad_rows(learnable_sink, softmax_lse, softmax_d[..., :seqlen_q], (1, -1, 1))
     return grad.to(learnable_sink.dtype)
@@ -402,6 +419,9 @@ def learnable_sink_grad_varlen(learnable_sink, softmax_lse, softmax_d, cu_seqlen
     """As learnable_sink_grad for a varlen call: softmax_lse (h, total_q) holds row r of
     sequence b at column r; softmax_d (h, total_q + 128 * batch_size) at column r + 128 b
     (api/varlen.cpp).  Rows past cu_seqlens_q[-1] belong to no sequence and are left out."""
+    grad = _sink_grad_kernel(learnable_sink, softmax_lse, softmax_d, cu_seqlens_q)
+    if grad is not None:
+        return grad
     total_q = softmax_lse.shape[-1]
     batch_size = cu_seqlens_q.shape[0] - 1
     rows = torch.arange(total_q, device=softmax_lse.device, dtype=torch.int32)

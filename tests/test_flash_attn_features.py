@@ -609,6 +609,34 @@ def test_sink_none_and_minus_inf_match_plain():
     assert torch.equal(out0, out2) and torch.equal(lse0, lse2)
 
 
+def test_sink_grad_kernel_matches_the_torch_form():
+    """The extension's one-launch dsink (api/sink_grad.h) against the torch form it replaces on
+    CUDA, dense and varlen (an empty sequence, rows past cu_seqlens_q[-1]); the same bits on a
+    rerun (one CTA per head, a fixed summation order)."""
+    from flash_attn import _common
+
+    require_config(torch.bfloat16, 64)
+    h, b, sq = 6, 3, 77
+    sink = torch.randn(h, device="cuda")
+    lse = torch.randn(b, h, sq, device="cuda") + 2
+    d = torch.randn(b, h, 128, device="cuda")
+    got = _common._sink_grad_kernel(sink, lse, d)
+    want = _common._sink_grad_rows(sink, lse, d[..., :sq], (1, -1, 1))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got, _common._sink_grad_kernel(sink, lse, d))
+    lens = [17, 0, 113, 1]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    total = sum(lens) + 5  # 5 rows past the last sequence
+    lse_v = torch.randn(h, total, device="cuda") + 2
+    d_v = torch.randn(h, total + 128 * len(lens), device="cuda")
+    got = _common._sink_grad_kernel(sink.to(torch.bfloat16), lse_v, d_v, cu)
+    rows = torch.cat([torch.arange(int(cu[i]), int(cu[i + 1])) + 128 * i for i in range(len(lens))]).cuda()
+    p_sink = torch.exp(sink.to(torch.bfloat16).float().view(h, 1) - lse_v[:, :sum(lens)])
+    want = -(p_sink * d_v[:, rows]).sum(1)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want.to(torch.bfloat16))
+
+
 def _varlen_sink_ref(q, k, v, cu_q, cu_k, sink, causal, window, upcast):
     """Packed (total, h, d) attention with a sink, one sequence at a time (attention_ref)."""
     outs, lses = [], []

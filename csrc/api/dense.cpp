@@ -1,5 +1,6 @@
 // Dense entry points: mha_fwd / mha_bwd, q (b, seqlen_q, h, d), k / v (b, seqlen_k, h_k, d).
 #include "api/binding.h"
+#include "api/sink_grad.h"
 
 namespace flash::api {
 
@@ -113,6 +114,56 @@ static std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor
             dv_.has_value() ? dv_.value() : dv, softmax_d};
 }
 
+// The learnable sink's gradient (api/sink_grad.h) from the forward's softmax_lse and the backward's
+// softmax_d, dense ((b, h, seqlen_q) and (b, h, seqlen_q_rounded)) or, with cu_seqlens_q, varlen
+// ((h, total_q) and (h, total_q + 128 b)). fp32 (h,).
+static at::Tensor learnable_sink_grad(const at::Tensor &sink, const at::Tensor &softmax_lse,
+                                      const at::Tensor &softmax_d, std::optional<at::Tensor> cu_seqlens_q) {
+    for (const at::Tensor *t : {&sink, &softmax_lse, &softmax_d}) {
+        FLASH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                    "flash_attn: learnable_sink_grad takes contiguous fp32 CUDA tensors");
+        FLASH_CHECK(t->device() == sink.device(), "flash_attn: learnable_sink_grad's tensors must share a device");
+    }
+    c10::cuda::CUDAGuard device_guard(sink.device());
+    flash::SinkGradArgs args{};
+    const bool varlen = cu_seqlens_q.has_value();
+    FLASH_CHECK(sink.dim() == 1 && softmax_lse.dim() == (varlen ? 2 : 3) && softmax_d.dim() == softmax_lse.dim(),
+                "flash_attn: learnable_sink_grad: bad shapes");
+    const int64_t h = sink.size(0);
+    at::Tensor cu;
+    if (varlen) {
+        cu = cu_seqlens_q.value();
+        FLASH_CHECK(cu.is_cuda() && cu.scalar_type() == at::kInt && cu.dim() == 1 && cu.size(0) >= 1 &&
+                        cu.device() == sink.device(),
+                    "flash_attn: learnable_sink_grad: cu_seqlens_q must be a 1-D int32 CUDA tensor");
+        cu = cu.contiguous();
+        args.b = static_cast<int>(cu.size(0) - 1);
+        args.total_q = softmax_lse.size(1);
+        FLASH_CHECK(softmax_lse.size(0) == h && softmax_d.size(0) == h &&
+                        softmax_d.size(1) == args.total_q + 128 * int64_t(args.b),
+                    "flash_attn: learnable_sink_grad: bad varlen shapes");
+        args.cu_seqlens_q = cu.data_ptr<int>();
+    } else {
+        FLASH_CHECK(softmax_lse.size(1) == h && softmax_d.size(0) == softmax_lse.size(0) && softmax_d.size(1) == h &&
+                        softmax_d.size(2) >= softmax_lse.size(2),
+                    "flash_attn: learnable_sink_grad: bad dense shapes");
+        args.b = static_cast<int>(softmax_lse.size(0));
+        args.seqlen_q = static_cast<int>(softmax_lse.size(2));
+        args.seqlen_q_rounded = static_cast<int>(softmax_d.size(2));
+    }
+    at::Tensor dsink = at::empty({h}, sink.options());
+    args.sink = sink.data_ptr<float>();
+    args.lse = softmax_lse.data_ptr<float>();
+    args.softmax_d = softmax_d.data_ptr<float>();
+    args.h = static_cast<int>(h);
+    args.dsink = dsink.data_ptr<float>();
+    flash::clear_launch_error();
+    flash::learnable_sink_grad(args, c10::cuda::getCurrentCUDAStream().stream());
+    const std::string err = flash::last_launch_error();
+    FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
+    return dsink;
+}
+
 void bind_dense(py::module_ &m) {
     m.def("fwd", &mha_fwd, "Attention forward", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("window_size_left") = -1,
@@ -123,6 +174,8 @@ void bind_dense(py::module_ &m) {
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
           py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
           py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
+    m.def("learnable_sink_grad", &learnable_sink_grad, "The learnable sink's gradient (fp32) from softmax_lse and softmax_d",
+          py::arg("learnable_sink"), py::arg("softmax_lse"), py::arg("softmax_d"), py::arg("cu_seqlens_q") = py::none());
 }
 
 }  // namespace flash::api
