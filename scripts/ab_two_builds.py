@@ -29,7 +29,8 @@ Cell groups (--cells):
   features  bf16 d128 seqlen 8k: dropout 0.1, ALiBi, softcap 30 (fwd, bwd), window (512, 0)
             (fwd, bwd), deterministic backward (plain and causal)
 The ratio column is new / base of the rates (> 1: the new build is faster). The summary counts the
-cells slower than --tolerance (default 2%); --strict makes that the exit status.
+cells slower than --tolerance (default 2%); --confirm N re-times those cells N more repeats first
+(single cells move 2-4% between runs on one machine); --strict makes that the exit status.
 """
 import argparse
 import json
@@ -298,6 +299,9 @@ def main():
     p.add_argument("--seqlens", default=",".join(map(str, GRID_SEQLENS)))
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every cell (median over them)")
     p.add_argument("--tolerance", type=float, default=0.02, help="report cells slower than this fraction")
+    p.add_argument("--confirm", type=int, default=0,
+                   help="re-time the cells slower than --tolerance this many more repeats (interleaved); "
+                        "their verdict is the median over all repeats")
     p.add_argument("--strict", action="store_true", help="exit 1 when a cell is slower than --tolerance")
     p.add_argument("--json", help="write the rates of every repeat and the summary to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -322,12 +326,12 @@ def main():
 
     rates = {w.label: {n: [] for n in names} for w in workers}
     errors = {}
-    try:
-        t0 = time.time()
-        for r in range(args.repeats):
+
+    def time_cells(todo, repeats, t0):
+        for r in range(repeats):
             if r:
-                print(f"  repeat {r} of {args.repeats} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-            for i, (c, n) in enumerate(zip(cells, names)):
+                print(f"  repeat {r} of {repeats} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+            for i, (c, n) in enumerate(todo):
                 order = workers if (r + i) % 2 == 0 else workers[::-1]
                 for w in order:
                     reply = w.run(c)
@@ -335,11 +339,26 @@ def main():
                         rates[w.label][n].append(reply["rate"])
                     else:
                         errors[(w.label, n)] = reply.get("error", "?")
+
+    def medians():
+        return {lab: {n: (statistics.median(v) if v else None) for n, v in per.items()} for lab, per in rates.items()}
+
+    confirmed = []
+    try:
+        t0 = time.time()
+        time_cells(list(zip(cells, names)), args.repeats, t0)
+        if args.confirm > 0:
+            med = medians()
+            flagged = summarize(names, med["base"], med["new"], args.tolerance)[2]
+            confirmed = [(c, n) for c, n in zip(cells, names) if n in flagged]
+            if confirmed:
+                print(f"  confirming {len(confirmed)} cells: {args.confirm} more repeats", file=sys.stderr, flush=True)
+                time_cells(confirmed, args.confirm, time.time())
     finally:
         for w in workers:
             w.close()
 
-    med = {lab: {n: (statistics.median(v) if v else None) for n, v in per.items()} for lab, per in rates.items()}
+    med = medians()
     ratios, geo, slower, worst = summarize(names, med["base"], med["new"], args.tolerance)
     fmt = lambda x: f"{x:9.1f}" if x is not None else "      n/a"  # noqa: E731
     print(f"{'cell':<36} {'unit':>7} {'base':>9} {'new':>9} {'new/base':>9}")
@@ -356,6 +375,8 @@ def main():
     print(f"\ngeometric mean new/base: {geo:.4f}" if geo else "\nno cell timed by both builds")
     if worst:
         print(f"slowest cell: {worst} ({ratios[worst]:.3f})")
+    if confirmed:
+        print(f"re-timed ({args.repeats + args.confirm} repeats): {', '.join(n for _, n in confirmed)}")
     print(f"cells slower by more than {100 * args.tolerance:g}%: {len(slower)}" + (f" ({', '.join(slower)})" if slower else ""))
     if args.json:
         with open(args.json, "w") as f:
