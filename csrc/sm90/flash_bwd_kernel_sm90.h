@@ -149,6 +149,36 @@ __forceinline__ __device__ void bwd_sm90_add_dq(TensorAcc const &acc_dq, ThrMma 
     }
 }
 
+// K and V of the key block at col0 (keys_left rows, zero-filled past them and the head dim) into
+// sK / sV, loaded once per key block.
+template <typename Traits, typename GmemCopy, typename ThrGmemCopy, typename TensorSK, typename TensorSV,
+          typename TensorCKV, typename TensorPKV>
+__forceinline__ __device__ void bwd_sm90_load_kv(const BwdParams &params, const BlockInfo &binfo,
+                                                 GmemCopy const &gmem_copy, ThrGmemCopy const &thr_gmem_copy,
+                                                 TensorSK const &sK, TensorSV const &sV, TensorCKV const &tKVcKV,
+                                                 TensorPKV const &tKVpKV, const int bidb, const int bidh_k,
+                                                 const int col0, const int keys_left) {
+    auto [gK, gV] = kv_block_gmem<typename Traits::Element, Traits::kBlockN, Traits::kHeadDim>(params, binfo, bidb,
+                                                                                              bidh_k, col0);
+    Tensor tKsK = thr_gmem_copy.partition_D(sK);
+    Tensor tVsV = thr_gmem_copy.partition_D(sV);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
+}
+
+// The end of a key block's walk: dK *= the softmax scale, and with dropout dV *= 1 / (1 - p),
+// taken out of every P.
+template <bool kFeat, typename TensorAcc>
+__forceinline__ __device__ void bwd_sm90_scale_dk_dv(TensorAcc &acc_dk, TensorAcc &acc_dv, const BwdParams &params,
+                                                     const Dropout &dropout, const bool is_dropout) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
+    if (kFeat && is_dropout) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dv); ++i) { acc_dv(i) *= dropout.rp; }
+    }
+}
+
 // One key block: dK, dV of its keys and its dQ contributions (atomics into dq_accum + the
 // slice offset).
 template <typename Traits, bool kFeat>
@@ -234,12 +264,6 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         bwd_sm90_load_qdo<Traits>(params, gmem_copy, thr_gmem_copy, tQsQ, tdOsdO, tQcQ, tQpQ, q_base, do_base, lse_ptr,
                                   dsum_ptr, smem_lse, smem_dsum, seqlen_q, m_block, stage, tidx);
     };
-    // cp.async writes through the generic proxy; wgmma reads through the async proxy.
-    auto wait_loads_and_sync = [&]() {
-        cp_async_wait<0>();
-        cutlass::arch::fence_view_async_shared();
-        __syncthreads();
-    };
 
     // ---- MMA operands ----
     typename Traits::TiledMmaSdP tiled_mma_sdp;
@@ -262,13 +286,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     auto new_acc_st = [&]() { return partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}); };
 
     // ---- prologue: K and V once, then the first query block ----
-    {
-        auto [gK, gV] = kv_block_gmem<Element, kBlockN, kHeadDim>(params, binfo, bidb, bidh_k, col0);
-        Tensor tKsK = thr_gmem_copy.partition_D(sK);
-        Tensor tVsV = thr_gmem_copy.partition_D(sV);
-        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
-        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
-    }
+    bwd_sm90_load_kv<Traits>(params, binfo, gmem_copy, thr_gmem_copy, sK, sV, tKVcKV, tKVpKV, bidb, bidh_k, col0,
+                             keys_left);
     load_QdO(m_block_min, 0);
     cp_async_fence();
 
@@ -289,7 +308,11 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int stage = (m_block - m_block_min) & 1;
         const int row0 = m_block * kBlockM;
-        wait_loads_and_sync();  // this block's tiles landed; every warp is done with the last one
+        // This block's tiles landed (cp.async writes through the generic proxy, wgmma reads through
+        // the async proxy); every warp is done with the last one.
+        cp_async_wait<0>();
+        cutlass::arch::fence_view_async_shared();
+        __syncthreads();
         if (m_block + 1 < m_block_max) { load_QdO(m_block + 1, stage ^ 1); }
         cp_async_fence();
 
@@ -299,7 +322,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
         const uint32_t *drop_flags_stage = smem_drop_flags + stage * kDropFlagWords;
 
-        // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
+        // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it; dV += P^T dO.
         warpgroup_wait<1>();
         warpgroup_fence_operand(acc_s);
         const float *lse_stage = smem_lse + stage * kBlockM;
@@ -348,12 +371,7 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         bwd_sm90_add_dq<Traits>(acc_dq, thr_mma_dq, dq_accum_ptr, row0, dq_store);
     }
 
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
-    if (kFeat && is_dropout) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dv); ++i) { acc_dv(i) *= dropout.rp; }
-    }
+    bwd_sm90_scale_dk_dv<kFeat>(acc_dk, acc_dv, params, dropout, is_dropout);
     store_dk_dv();
 }
 
