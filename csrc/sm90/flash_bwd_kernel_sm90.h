@@ -166,6 +166,27 @@ __forceinline__ __device__ void bwd_sm90_load_kv(const BwdParams &params, const 
     load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
 }
 
+// P^T of the query block at row0 from S^T (acc_s, left holding P^T) and in the input type (rP),
+// then dV += P^T dO issued (dO^T of stage `stage`). rP is the caller's: the wgmma reads it after
+// this returns. With dropout, dV takes P * keep / (1 - p): the dropped elements are cleared here,
+// 1 / (1 - p) is applied to dV once at the end.
+template <typename Traits, bool kFeat, typename TensorAcc, typename TensorRP, typename TensorAccKV, typename TensorB,
+          typename TiledMma, typename TensorCoords, typename TensorCoordsRC>
+__forceinline__ __device__ void bwd_sm90_p_and_dv(TensorAcc &acc_s, TensorRP &rP, TensorAccKV &acc_dv,
+                                                  TiledMma &tiled_mma_dkv, TensorB const &tdVrdOt, const int stage,
+                                                  const BwdParams &params, const ScoreMod &score_mod,
+                                                  const bool is_dropout, const uint32_t *drop_flags_stage,
+                                                  TensorCoords const &coords_st, TensorCoordsRC const &coords_st_rc,
+                                                  const float *lse_stage, const Mask &mask, const int seqlen_k,
+                                                  const int diag, const int row0, const int col0) {
+    if constexpr (kFeat) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
+    bwd_sm90_scores_to_p<Traits>(acc_s, params, coords_st, coords_st_rc, lse_stage, mask, seqlen_k, diag, row0, col0);
+    convert_into(acc_s, rP);
+    if (kFeat && is_dropout) { dropout_bwd_apply_p2<Traits::kBlockM>(rP, drop_flags_stage, coords_st); }
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
+                                             tdVrdOt(_, _, _, stage), acc_dv);
+}
+
 // The end of a key block's walk: dK *= the softmax scale, and with dropout dV *= 1 / (1 - p),
 // taken out of every P.
 template <bool kFeat, typename TensorAcc>
@@ -327,15 +348,10 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         warpgroup_fence_operand(acc_s);
         const float *lse_stage = smem_lse + stage * kBlockM;
         const float *dsum_stage = smem_dsum + stage * kBlockM;
-        if constexpr (kFeat) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
-        bwd_sm90_scores_to_p<Traits>(acc_s, params, coords_st, coords_st_rc, lse_stage, mask, seqlen_k, diag, row0, col0);
         Tensor rP = make_tensor_like<Element>(acc_s);
-        convert_into(acc_s, rP);
-        // dV takes P * keep / (1 - p): the dropped elements are cleared here, 1 / (1 - p) is
-        // applied to dV once at the end.
-        if (kFeat && is_dropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags_stage, coords_st); }
-        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
-                                                 tdVrdOt(_, _, _, stage), acc_dv);
+        bwd_sm90_p_and_dv<Traits, kFeat>(acc_s, rP, acc_dv, tiled_mma_dkv, tdVrdOt, stage, params, score_mod,
+                                         is_dropout, drop_flags_stage, coords_st, coords_st_rc, lse_stage, mask,
+                                         seqlen_k, diag, row0, col0);
 
         // dS^T = P^T * (dP^T - softmax_d).
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
