@@ -65,6 +65,7 @@ void set_varlen_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &
     p.h_k = k.size(-2);
     p.h_h_k_ratio = p.h / p.h_k;
     p.d = q.size(2);
+    p.dv = v.size(-1);
     p.head_dim_tile = flash::head_dim_tile(p.d);
     p.scale_softmax = static_cast<float>(softmax_scale);
     p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
