@@ -10,6 +10,7 @@ Run on a machine with an NVIDIA GPU (built for H100/H200, sm90):
     python benchmarks/benchmark_attn.py --varlen           # packed variable-length batch
     python benchmarks/benchmark_attn.py --features         # cost of window/ALiBi/dropout/...
     python benchmarks/benchmark_attn.py --sinks            # cost of learnable_sink (gpt-oss shapes)
+    python benchmarks/benchmark_attn.py --mla              # head dims 192 / 128 against SDPA-cuDNN
 
 Standard grid (as in the FlashAttention papers): total tokens 16384 (batch = 16384 // seqlen),
 hidden 2048 (nheads = 2048 // headdim), headdim in {64, 128, 256},
@@ -165,6 +166,10 @@ def parse_args(argv=None):
                    help="learnable-sink cost mode: gpt-oss-20b-like shapes (64 q / 8 kv heads, d64, "
                         "seqlen 8192, causal, window (128, 0) and full), ours with a sink against "
                         "ours without, alternated over --sink-rounds rounds")
+    p.add_argument("--mla", action="store_true",
+                   help="MLA mode: Q / K head dim 192 with V head dim 128 (DeepSeek MLA prefill), "
+                        "b2 16 heads seqlen 8192, causal and not, ours against SDPA-cuDNN, fwd / bwd "
+                        "TFLOP/s on 2 b h s^2 (192 + 128) (halved causal; bwd 2.5x)")
     p.add_argument("--sink-rounds", type=int, default=6,
                    help="--sinks: rounds of (plain, sink) timings, each round in the other order")
     p.add_argument("--total-tokens", type=int, default=16384,
@@ -443,7 +448,7 @@ class Bench:
         for _ in range(n_sets):
             q = torch.randn(b, sq, h, d, device=DEVICE, dtype=dtype)
             k = torch.randn(b, sk, hk, d, device=DEVICE, dtype=dtype)
-            v = torch.randn(b, sk, hk, d, device=DEVICE, dtype=dtype)
+            v = torch.randn(b, sk, hk, cfg.get("headdim_v", d), device=DEVICE, dtype=dtype)
             sets.append((q, k, v))
         return sets
 
@@ -736,6 +741,34 @@ def run_features(bench, args, rows):
                         _fmt3(ratio.get("bwd")), _fmt3(ratio.get("fwdbwd")), verdict),
                         flush=True)
                 del sets
+
+
+def run_mla(bench, args, rows):
+    """Q / K head dim 192, V head dim 128 (DeepSeek MLA prefill): ours against SDPA-cuDNN."""
+    torch = bench.torch
+    b, s, h, d, dv = 2, 8192, 16, 192, 128
+    print("\nMLA (b%d s%d %d heads, head dims %d / %d; TFLOP/s fwd / bwd, FLOPs on %d + %d); timer: %s"
+          % (b, s, h, d, dv, d, dv, bench.timer_kind))
+    for causal in (False, True):
+        cfg = dict(dtype="bf16", headdim=d, headdim_v=dv, seqlen_q=s, seqlen_k=s, batch=b, nheads=h,
+                   nheads_k=h, causal=causal)
+        sets = bench.make_inputs(cfg, bench.n_rotations(b * s * h * (2 * d + dv) * 2), torch.bfloat16)
+        flops = 2 * b * h * s * s * (d + dv) / (2 if causal else 1)
+        got = {}
+        for backend in ("ours", "cudnn"):
+            try:
+                ms = {ph: bench.time_phase(backend, ph, cfg, sets) for ph in ("fwd", "bwd")}
+            except Exception as e:  # noqa: BLE001 - report and go on
+                print("  %s causal=%d: %s" % (backend, causal, str(e).splitlines()[0][:120]))
+                continue
+            got[backend] = (flops / ms["fwd"] * 1e-9, 2.5 * flops / ms["bwd"] * 1e-9)
+            rows.append(dict(cfg, backend=backend, fwd_ms=ms["fwd"], bwd_ms=ms["bwd"],
+                             fwd_tflops=got[backend][0], bwd_tflops=got[backend][1], note=""))
+        line = "  causal=%d  " % causal + "   ".join("%s %5.0f / %5.0f" % (k, *v) for k, v in got.items())
+        if len(got) == 2:
+            line += "   ours/cuDNN %.2f / %.2f" % (got["ours"][0] / got["cudnn"][0], got["ours"][1] / got["cudnn"][1])
+        print(line, flush=True)
+        del sets
 
 
 # gpt-oss alternates 128-token sliding-window layers with full ones.
@@ -1210,10 +1243,12 @@ def main(argv=None):
     meta = collect_meta(bench, args)
     rows, extra, status = [], {}, 0
     prefix = ("decode" if args.decode else "varlen" if args.varlen else "features" if args.features
-              else "sinks" if args.sinks else "attn")
+              else "sinks" if args.sinks else "mla" if args.mla else "attn")
     try:
         if args.sinks:
             run_sink_cost(bench, args, rows)
+        elif args.mla:
+            run_mla(bench, args, rows)
         elif args.decode:
             run_decode(bench, args, rows)
         elif args.varlen:
@@ -1232,7 +1267,7 @@ def main(argv=None):
         print("\ninterrupted; partial results are saved.")
         status = 130
 
-    if not (args.decode or args.varlen or args.features or args.sinks):
+    if not (args.decode or args.varlen or args.features or args.sinks or args.mla):
         lines, summary = summarize(rows, args)
         if lines:
             print()
@@ -1249,7 +1284,7 @@ def main(argv=None):
     png = None
     try:
         title = "%s | torch %s | %s" % (bench.device_name, torch.__version__, meta["date"])
-        if args.features or args.sinks:
+        if args.features or args.sinks or args.mla:
             png = None
         elif args.decode:
             shown = []

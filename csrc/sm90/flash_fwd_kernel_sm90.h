@@ -48,6 +48,32 @@ __forceinline__ __device__ void wgmma(TiledMma &tiled_mma, TensorA const &tCrA, 
     if constexpr (kRegA) { warpgroup_fence_operand(const_cast<TensorA &>(tCrA)); }
 }
 
+// Dropout keep flags of key block n_block into drop_flags, generated while its S GEMM runs (they
+// do not depend on the scores). A 64-key tile shares its 128-key Philox groups with its neighbour:
+// the first of the pair to be visited (the walk goes down) generates both halves.
+template <typename Traits, bool kFeat, typename TensorC>
+__device__ void fwd_sm90_generate_dropout(Dropout const &dropout, bool const &is_dropout, TensorC const &coords_s,
+                                          int const &row0, int n_block, int const &n_block_max,
+                                          uint4 *const &drop_flags, int const &tidx) {
+    if constexpr (kFeat) {
+        if (is_dropout && (Traits::kBlockN == 128 || n_block % 2 == 1 || n_block == n_block_max - 1)) {
+            dropout_fwd_generate<Traits::kNThreads>(dropout, coords_s, row0, n_block * Traits::kBlockN, drop_flags,
+                                                    tidx);
+        }
+    }
+}
+
+// Dropped elements leave the P V product (the row sums already hold every element).
+template <typename Traits, bool kFeat, typename TensorP>
+__device__ void fwd_sm90_apply_dropout(TensorP &rP, bool const &is_dropout, int n_block, uint4 *const &drop_flags,
+                                       int const &tidx) {
+    if constexpr (kFeat) {
+        if (is_dropout) {
+            dropout_fwd_apply<Traits::kBlockN, Traits::kNThreads>(rP, drop_flags, n_block * Traits::kBlockN, tidx);
+        }
+    }
+}
+
 // kFeat: the variant with softcap, ALiBi and dropout (each on at run time when its parameter is
 // set; S_dmask is left to the SM80-class kernel).
 template <typename Traits, bool kFeat = false>
@@ -160,31 +186,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     Tensor tSrK = thr_mma_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tOrVt = thr_mma_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stage)
     Tensor coords_s = thr_mma_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-    auto new_acc_s = [&]() { return partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}); };
 
     const ScoreMod score_mod = kFeat ? ScoreMod(params, bidb, bidh, seqlen_k - seqlen_q) : ScoreMod{};
     const bool is_dropout = kFeat && params.p_dropout > 0.f;
     const Dropout dropout = is_dropout ? Dropout(params, bidb, bidh) : Dropout{};
-    uint4 *smem_drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize);  // kFeat only
-    // Dropout flags of tile n_blk, generated while its S GEMM runs (they do not depend on the
-    // scores). A 64-key tile shares its 128-key Philox groups with its neighbour: the first of the
-    // pair to be visited (the walk goes down) generates both halves.
-    auto generate_dropout = [&](int n_blk) {
-        if constexpr (kFeat) {
-            if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
-                dropout_fwd_generate<Traits::kNThreads>(dropout, coords_s, row0, n_blk * kBlockN,
-                                                        smem_drop_flags, tidx);
-            }
-        }
-    };
-    // Dropped elements leave the P V product (the row sums already hold every element).
-    auto apply_dropout = [&](auto &rP_tile, int n_blk) {
-        if constexpr (kFeat) {
-            if (is_dropout) {
-                dropout_fwd_apply<kBlockN, Traits::kNThreads>(rP_tile, smem_drop_flags, n_blk * kBlockN, tidx);
-            }
-        }
-    };
+    uint4 *drop_flags = reinterpret_cast<uint4 *>(smem + Traits::kSmemSize);  // kFeat only
     OnlineSoftmax<kNRows> softmax;
     const int n_blocks = n_block_max - n_block_min;
     int n_block = n_block_max - 1;  // block t of the walk is n_block_max - 1 - t
@@ -198,9 +204,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     load_V(n_block, 0);
     cp_async_fence();
 
-    Tensor acc_s = new_acc_s();
+    Tensor acc_s = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, 0), acc_s);
-    generate_dropout(n_block);
+    fwd_sm90_generate_dropout<Traits, kFeat>(dropout, is_dropout, coords_s, row0, n_block, n_block_max, drop_flags, tidx);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     if constexpr (kFeat) { score_mod.apply(acc_s, coords_s, row0, n_block * kBlockN); }
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
     softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
     convert_into(acc_s, rP);
-    apply_dropout(rP, n_block);
+    fwd_sm90_apply_dropout<Traits, kFeat>(rP, is_dropout, n_block, drop_flags, tidx);
     clear(acc_o);
 
     for (int t = 1; t < n_blocks; ++t) {
@@ -218,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         const int stage = t & 1;
         wait_loads_and_sync();  // K[t] and V[t-1] landed; all warps are past iteration t-1
 
-        Tensor acc_s_next = new_acc_s();
+        Tensor acc_s_next = partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, stage), acc_s_next);
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, stage ^ 1), acc_o);
@@ -227,7 +233,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         if (t + 1 < n_blocks) { load_K(n_block - 1, stage ^ 1); }
         load_V(n_block, stage);
         cp_async_fence();
-        generate_dropout(n_block);
+        fwd_sm90_generate_dropout<Traits, kFeat>(dropout, is_dropout, coords_s, row0, n_block, n_block_max, drop_flags,
+                                                 tidx);
         warpgroup_wait<1>();  // S_t ready; P_{t-1} V[t-1] may still run
         warpgroup_fence_operand(acc_s_next);
         if constexpr (kFeat) { score_mod.apply(acc_s_next, coords_s, row0, n_block * kBlockN); }
@@ -239,7 +246,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) fl
         warpgroup_fence_operand(acc_o);
         softmax.rescale_o(acc_o, rescale);
         convert_into(acc_s_next, rP);
-        apply_dropout(rP, n_block);
+        fwd_sm90_apply_dropout<Traits, kFeat>(rP, is_dropout, n_block, drop_flags, tidx);
     }
 
     // Last P V.
