@@ -178,16 +178,18 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
     return true;
 }
 
-// Q / K head dim 192 with V / O head dim 128 (DeepSeek MLA prefill), plain calls: the d128 kernel's
-// 128 x 128 tiles and 2 stages with 192-wide Q and K tiles (Q 48 KB + 2 x (K 48 + V 32 KB) = 208 KB;
-// O is staged in the Q tiles). Returns false for the calls it does not serve.
-template <typename Element>
-using FwdWsTraitsMla = FwdWsTraitsSm90<192, 128, 2, Element, 2, 128>;
+// A V / O head dim below Q's and K's, plain calls: Q / K 192 with V 128 (DeepSeek MLA prefill) on
+// the d128 kernel's 128 x 128 tiles and 2 stages with 192-wide Q and K tiles (Q 48 KB + 2 x (K 48
+// + V 32 KB) = 208 KB; O is staged in the Q tiles), and Q / K 128 with V 64 (Q 32 KB + 2 x (K 32
+// + V 16 KB) = 128 KB). Returns false for the calls it does not serve.
+template <typename Element, int kHeadDim, int kHeadDimV>
+using FwdWsTraitsHeadDimV = FwdWsTraitsSm90<kHeadDim, 128, 2, Element, 2, kHeadDimV>;
 
-template <typename Element>
-bool run_mha_fwd_ws_sm90_mla(FwdParams &params, cudaStream_t stream) {
-    if (!fwd_ws_serves<FwdWsTraitsMla<Element>, false>(params)) return false;
-    fwd_ws_launch<FwdWsTraitsMla<Element>, false>(params, stream);
+template <typename Element, int kHeadDim, int kHeadDimV>
+bool run_mha_fwd_ws_sm90_head_dim_v(FwdParams &params, cudaStream_t stream) {
+    using Traits = FwdWsTraitsHeadDimV<Element, kHeadDim, kHeadDimV>;
+    if (!fwd_ws_serves<Traits, false>(params)) return false;
+    fwd_ws_launch<Traits, false>(params, stream);
     return true;
 }
 

@@ -2,7 +2,7 @@
 #include "dispatch/flash_fwd_ws_launch_sm90.h"
 
 namespace flash {
-bool run_mha_fwd_mla_bf16(FwdParams &params, cudaStream_t stream) {
-    return run_mha_fwd_ws_sm90_mla<cutlass::bfloat16_t>(params, stream);
+bool run_mha_fwd_hdim192x128_bf16(FwdParams &params, cudaStream_t stream) {
+    return run_mha_fwd_ws_sm90_head_dim_v<cutlass::bfloat16_t, 192, 128>(params, stream);
 }
 }  // namespace flash

@@ -2,7 +2,7 @@
 #include "dispatch/flash_fwd_ws_launch_sm90.h"
 
 namespace flash {
-bool run_mha_fwd_mla_fp16(FwdParams &params, cudaStream_t stream) {
-    return run_mha_fwd_ws_sm90_mla<cutlass::half_t>(params, stream);
+bool run_mha_fwd_hdim192x128_fp16(FwdParams &params, cudaStream_t stream) {
+    return run_mha_fwd_ws_sm90_head_dim_v<cutlass::half_t, 192, 128>(params, stream);
 }
 }  // namespace flash
