@@ -62,13 +62,13 @@ struct FwdWsTraitsSm90 {
     // (bf16 16k tokens, two-build A/B): d256 plain +0-2% (10 of 12 cells), d64 and
     // d128 1-2.5% slower, the feature kernels mixed (d256 dropout -4%, ALiBi +2%): plain d256 only
     // (the mainloop's kFeat keeps the feature kernels on the other placement).
-    static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
+    static constexpr bool kRescaleOBeforePV = kHeadDimV > 128;  // O's width decides (equal but for MLA)
     // The plain kernels' conditional rescaling (OnlineSoftmax::update_scores kLazyLog2; 0 = every
     // tile rescales O as soon as a row max moves). Measured (two-build A/B):
     // d128 +1-9%, d256 +3-13% (largest at 8k), d64 2-5% slower (its O rescale is only 32 FMULs
     // per tile and the vote costs more than it saves): d >= 128 only.
-    static constexpr int kLazyRescaleLog2 = kHeadDim >= 128 ? kFwdLazyRescaleLog2 : 0;
-    static constexpr int kLazyRescaleLog2Feat = kHeadDim >= 128 ? kFwdLazyRescaleLog2Feat : 0;
+    static constexpr int kLazyRescaleLog2 = kHeadDimV >= 128 ? kFwdLazyRescaleLog2 : 0;
+    static constexpr int kLazyRescaleLog2Feat = kHeadDimV >= 128 ? kFwdLazyRescaleLog2Feat : 0;
     // The plain kernels' TMA store of O (see fwd_ws_store). Measured (run-time A/B):
     // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
     // (kHeadDimV == kHeadDim: the O descriptor is built over Q's global shape.)
