@@ -491,7 +491,7 @@ def attention_grads(ctx, dout, run_backward):
     # The last gradient holds v's (dv, dkv or dqkv); the ones before it q's or k's.
     head_dims = (ctx.head_dim_qk,) * (len(grads) - 1) + (dout.shape[-1],)
     rest = (None,) * (len(ctx.needs_input_grad) - len(grads) - 1) + (dsink,)
-    return tuple(g[..., :d] for g, d in zip(grads, head_dims)) + rest
+    return tuple(g if g.shape[-1] == d else g[..., :d] for g, d in zip(grads, head_dims)) + rest
 
 
 def attention_function(run_backward):

@@ -130,6 +130,61 @@ __forceinline__ __device__ void add_dq_atomic(TensorAcc const &acc_dq, ThrMma co
     }
 }
 
+// dP (acc_dp) -> dS = P * (dP - softmax_d) in place, with P in acc_s and softmax_d of this
+// thread's rows in row_dsum; with softcap, times its gradient (softcap_grad_ds).
+template <typename Traits, int kStatic, bool kMayDropout, bool kMaySoftcap, typename TensorAcc, typename TensorCoords,
+          typename TensorCoordsRC, int kNRows>
+__forceinline__ __device__ void bwd_dp_to_ds(TensorAcc &acc_dp, TensorAcc &acc_s, const BwdParams &params,
+                                             const ScoreMod &score_mod, const Dropout &dropout, const bool is_dropout,
+                                             const bool has_softcap, TensorCoords const &coords_s,
+                                             TensorCoords const &coords_s0, TensorCoordsRC const &coords_s_rc,
+                                             TensorCoordsRC const &coords_s0_rc, const float (&row_dsum)[kNRows],
+                                             const float (&row_lse)[kNRows], const int row0, const int col0) {
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+    Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
+    if constexpr (kMayDropout) {
+        if (is_dropout) {
+            // Out = (P * Z) V with Z = keep / (1 - p): dS = P * (dP * Z - rowsum(dO * O)), and
+            // dV takes P * Z (left in acc_s). Element (e, m, n) lies in row e / 2 + 2 m of the
+            // (rows, cols) view.
+            dropout.template for_each<Traits::kWarpsNSdP>(acc_s, coords_s, row0, col0,
+                                                          [&](int e, int m, int n, bool keep) {
+                const float p = acc_s(e, m, n);
+                const float dp = keep ? acc_dp(e, m, n) * dropout.rp : 0.f;
+                acc_dp(e, m, n) = p * (dp - row_dsum[e / 2 + 2 * m]);
+                acc_s(e, m, n) = keep ? p * dropout.rp : 0.f;
+            });
+        }
+    }
+    if (!is_dropout) {
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(dS); ++ni) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - row_dsum[mi]); }
+        }
+    }
+    if constexpr (kMaySoftcap) {
+        if (has_softcap) {
+            softcap_grad_ds<kStatic>(acc_dp, acc_s, params, score_mod, coords_s, coords_s0, coords_s_rc, coords_s0_rc,
+                                     row_lse, row0, col0);
+        }
+    }
+}
+
+// P and dS (acc_s, acc_dp) in the input type into shared memory (tPsP, tdSsdS: this thread's
+// part), read there by every warp's dV, dK and dQ GEMMs.
+template <typename Element, typename TensorAcc, typename SmemCopy, typename ThrSmemCopy, typename TensorSP,
+          typename TensorSdS>
+__forceinline__ __device__ void bwd_store_p_ds(TensorAcc const &acc_s, TensorAcc const &acc_dp,
+                                               SmemCopy const &smem_copy_PdS, ThrSmemCopy const &thr_smem_copy_PdS,
+                                               TensorSP &tPsP, TensorSdS &tdSsdS) {
+    Tensor rP = convert_type<Element>(acc_s);
+    Tensor rdS = convert_type<Element>(acc_dp);
+    cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rP), tPsP);
+    cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rdS), tdSsdS);
+    __syncthreads();  // P and dS visible to all warps
+}
+
 // One key block: dK, dV of its keys and its dQ contributions (fp32 atomics into dq_accum, at
 // element offset dq_slice: this CTA's slice in the sliced deterministic mode).
 // kStatic (kFeat only; attn_mods.h): 0 for the run-time feature form, whose key block is
@@ -376,41 +431,10 @@ __forceinline__ __device__ void bwd_block(const BwdParams &params, const int n_b
         clear(acc_dp);
         gemm_ss(acc_dp, tdPrdO, tdPrV, in_buffer(tdPsdO, buf), tdPsV, tiled_mma_sdp, smem_copy_sdp_A,
                 smem_copy_sdp_B, thr_smem_copy_sdp_A, thr_smem_copy_sdp_B);
-        Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
-        Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
-        if constexpr (kMayDropout) {
-            if (is_dropout) {
-                // Out = (P * Z) V with Z = keep / (1 - p): dS = P * (dP * Z - rowsum(dO * O)), and
-                // dV takes P * Z (left in acc_s). Element (e, m, n) lies in row e / 2 + 2 m of the
-                // (rows, cols) view.
-                dropout.template for_each<Traits::kWarpsNSdP>(acc_s, coords_s, row0, col0,
-                                                              [&](int e, int m, int n, bool keep) {
-                    const float p = acc_s(e, m, n);
-                    const float dp = keep ? acc_dp(e, m, n) * dropout.rp : 0.f;
-                    acc_dp(e, m, n) = p * (dp - row_dsum[e / 2 + 2 * m]);
-                    acc_s(e, m, n) = keep ? p * dropout.rp : 0.f;
-                });
-            }
-        }
-        if (!is_dropout) {
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                CUTE_UNROLL
-                for (int ni = 0; ni < size<1>(dS); ++ni) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - row_dsum[mi]); }
-            }
-        }
-        if constexpr (kMaySoftcap) {
-            if (has_softcap) {
-                softcap_grad_ds<kStatic>(acc_dp, acc_s, params, score_mod, coords_s, coords_s0, coords_s_rc,
-                                         coords_s0_rc, row_lse, row0, col0);
-            }
-        }
-
-        Tensor rP = convert_type<Element>(acc_s);
-        Tensor rdS = convert_type<Element>(acc_dp);
-        cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rP), tPsP);
-        cute::copy(smem_copy_PdS, thr_smem_copy_PdS.retile_S(rdS), tdSsdS);
-        __syncthreads();  // P and dS visible to all warps
+        bwd_dp_to_ds<Traits, kStatic, kMayDropout, kMaySoftcap>(acc_dp, acc_s, params, score_mod, dropout, is_dropout,
+                                                                has_softcap, coords_s, coords_s0, coords_s_rc,
+                                                                coords_s0_rc, row_dsum, row_lse, row0, col0);
+        bwd_store_p_ds<Element>(acc_s, acc_dp, smem_copy_PdS, thr_smem_copy_PdS, tPsP, tdSsdS);
 
         gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, in_buffer(tdVsdOt, buf), tiled_mma_dkv, smem_copy_dkv_A,
                 smem_copy_dkv_B, thr_smem_copy_dkv_A, thr_smem_copy_dkv_B);

@@ -38,6 +38,168 @@ namespace flash {
 
 using namespace cute;
 
+// Q and dO of query block m_block into stage `stage` (cp.async, zero-filled past seqlen_q and the
+// head dim), and its LSE and softmax_d rows, one value per thread of the first 2 kBlockM.
+template <typename Traits, typename GmemCopy, typename ThrGmemCopy, typename TensorSQ, typename TensorSdO,
+          typename TensorCQ, typename TensorPQ>
+__forceinline__ __device__ void bwd_sm90_load_qdo(const BwdParams &params, GmemCopy const &gmem_copy,
+                                                  ThrGmemCopy const &thr_gmem_copy, TensorSQ &tQsQ, TensorSdO &tdOsdO,
+                                                  TensorCQ const &tQcQ, TensorPQ const &tQpQ, const int64_t q_base,
+                                                  const int64_t do_base, const float *lse_ptr, const float *dsum_ptr,
+                                                  float *smem_lse, float *smem_dsum, const int seqlen_q,
+                                                  const int m_block, const int stage, const int tidx) {
+    using Element = typename Traits::Element;
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    const int row0 = m_block * kBlockM;
+    const int rows = seqlen_q - row0;
+    Tensor gQ = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.q_ptr) + q_base +
+                                          index_t(row0) * params.q_row_stride),
+                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.q_row_stride, _1{}));
+    Tensor gdO = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.do_ptr) + do_base +
+                                           index_t(row0) * params.do_row_stride),
+                             Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.do_row_stride, _1{}));
+    Tensor tQsQ_stage = tQsQ(_, _, _, stage);
+    Tensor tdOsdO_stage = tdOsdO(_, _, _, stage);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gQ), tQsQ_stage, tQcQ, tQpQ, rows);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gdO), tdOsdO_stage, tQcQ, tQpQ, rows);
+    // Rows past seqlen_q read as LSE = softmax_d = 0 with Q = dO = 0: P^T dO = 0 and dS = 0,
+    // so they contribute nothing.
+    if (tidx < 2 * kBlockM) {
+        const int r = tidx % kBlockM;
+        const bool valid = r < rows;
+        const float *src = tidx < kBlockM ? lse_ptr + row0 + r : dsum_ptr + row0 + r;
+        float *dst = (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + r;
+        SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(*(valid ? src : lse_ptr), *dst, valid);
+    }
+}
+
+// The masked S^T (acc_s: the (key, query) accumulators of the query block at row0) -> P^T =
+// exp2(S^T * scale log2e - LSE log2e) in place; lse_stage: the block's LSE rows in shared memory.
+template <typename Traits, typename TensorAcc, typename TensorCoords, typename TensorCoordsRC>
+__forceinline__ __device__ void bwd_sm90_scores_to_p(TensorAcc &acc_s, const BwdParams &params,
+                                                     TensorCoords const &coords_st, TensorCoordsRC const &coords_st_rc,
+                                                     const float *lse_stage, const Mask &mask, const int seqlen_k,
+                                                     const int diag, const int row0, const int col0) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
+    if (mask.tile_needs_mask(row0, col0, Traits::kBlockM, Traits::kBlockN)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+            const int key = col0 + get<0>(coords_st(i));
+            const int row = row0 + get<1>(coords_st(i));
+            const bool masked = (key >= seqlen_k) | (key > row + diag + params.window_right) |
+                                (key < row + diag - params.window_left);
+            acc_s(i) = masked ? -INFINITY : acc_s(i);
+        }
+    }
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(scores); ++ni) {
+        const float lse_log2 = lse_stage[get<1>(coords_st_rc(0, ni))] * kLog2e;
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(scores); ++mi) {
+            scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse_log2);
+        }
+    }
+}
+
+// dP^T (acc_dp) -> dS^T = P^T * (dP^T * dp_scale - softmax_d) in place (acc_s: P^T), then the
+// softcap's gradient factor (kFeat); dsum_stage and lse_stage: the block's softmax_d and LSE rows.
+template <bool kFeat, typename TensorAcc, typename TensorCoords, typename TensorCoordsRC>
+__forceinline__ __device__ void bwd_sm90_dp_to_ds(TensorAcc &acc_dp, TensorAcc const &acc_s, const BwdParams &params,
+                                                  const ScoreMod &score_mod, TensorCoords const &coords_st,
+                                                  TensorCoordsRC const &coords_st_rc, const float *lse_stage,
+                                                  const float *dsum_stage, const float dp_scale, const int row0,
+                                                  const int col0) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));
+    Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(dS); ++ni) {
+        const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) * dp_scale - dsum); }
+    }
+    if constexpr (kFeat) {
+        score_mod.softcap_grad_t(acc_dp, acc_s, coords_st, row0, col0, params.scale_softmax_log2,
+                                 [&](int i) { return lse_stage[get<1>(coords_st(i))] * kLog2e; });
+    }
+}
+
+// dQ of the query block at row0 (acc_dq) into its dq_accum rows: a plain store where this is the
+// slice element's first write (dq_store), else fp32 atomics. dq_accum rows are padded to a
+// multiple of 128 and columns to kHeadDim: no predicates.
+template <typename Traits, typename TensorAcc, typename ThrMma>
+__forceinline__ __device__ void bwd_sm90_add_dq(TensorAcc const &acc_dq, ThrMma const &thr_mma_dq, float *dq_accum_ptr,
+                                                const int row0, const bool dq_store) {
+    using index_t = int64_t;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
+                                  Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+    Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
+        if (dq_store) {  // first write of this slice element (params.dq_store_first)
+            *reinterpret_cast<float2 *>(&tdQgdQaccum(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
+        } else {
+            atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+        }
+    }
+}
+
+// K and V of the key block at col0 (keys_left rows, zero-filled past them and the head dim) into
+// sK / sV, loaded once per key block.
+template <typename Traits, typename GmemCopy, typename ThrGmemCopy, typename TensorSK, typename TensorSV,
+          typename TensorCKV, typename TensorPKV>
+__forceinline__ __device__ void bwd_sm90_load_kv(const BwdParams &params, const BlockInfo &binfo,
+                                                 GmemCopy const &gmem_copy, ThrGmemCopy const &thr_gmem_copy,
+                                                 TensorSK const &sK, TensorSV const &sV, TensorCKV const &tKVcKV,
+                                                 TensorPKV const &tKVpKV, const int bidb, const int bidh_k,
+                                                 const int col0, const int keys_left) {
+    auto [gK, gV] = kv_block_gmem<typename Traits::Element, Traits::kBlockN, Traits::kHeadDim>(params, binfo, bidb,
+                                                                                              bidh_k, col0);
+    Tensor tKsK = thr_gmem_copy.partition_D(sK);
+    Tensor tVsV = thr_gmem_copy.partition_D(sV);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
+    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
+}
+
+// P^T of the query block at row0 from S^T (acc_s, left holding P^T) and in the input type (rP),
+// then dV += P^T dO issued (dO^T of stage `stage`). rP is the caller's: the wgmma reads it after
+// this returns. With dropout, dV takes P * keep / (1 - p): the dropped elements are cleared here,
+// 1 / (1 - p) is applied to dV once at the end.
+template <typename Traits, bool kFeat, typename TensorAcc, typename TensorRP, typename TensorAccKV, typename TensorB,
+          typename TiledMma, typename TensorCoords, typename TensorCoordsRC>
+__forceinline__ __device__ void bwd_sm90_p_and_dv(TensorAcc &acc_s, TensorRP &rP, TensorAccKV &acc_dv,
+                                                  TiledMma &tiled_mma_dkv, TensorB const &tdVrdOt, const int stage,
+                                                  const BwdParams &params, const ScoreMod &score_mod,
+                                                  const bool is_dropout, const uint32_t *drop_flags_stage,
+                                                  TensorCoords const &coords_st, TensorCoordsRC const &coords_st_rc,
+                                                  const float *lse_stage, const Mask &mask, const int seqlen_k,
+                                                  const int diag, const int row0, const int col0) {
+    if constexpr (kFeat) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
+    bwd_sm90_scores_to_p<Traits>(acc_s, params, coords_st, coords_st_rc, lse_stage, mask, seqlen_k, diag, row0, col0);
+    convert_into(acc_s, rP);
+    if (kFeat && is_dropout) { dropout_bwd_apply_p2<Traits::kBlockM>(rP, drop_flags_stage, coords_st); }
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
+                                             tdVrdOt(_, _, _, stage), acc_dv);
+}
+
+// The end of a key block's walk: dK *= the softmax scale, and with dropout dV *= 1 / (1 - p),
+// taken out of every P.
+template <bool kFeat, typename TensorAcc>
+__forceinline__ __device__ void bwd_sm90_scale_dk_dv(TensorAcc &acc_dk, TensorAcc &acc_dv, const BwdParams &params,
+                                                     const Dropout &dropout, const bool is_dropout) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
+    if (kFeat && is_dropout) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dv); ++i) { acc_dv(i) *= dropout.rp; }
+    }
+}
+
 // One key block: dK, dV of its keys and its dQ contributions (atomics into dq_accum + the
 // slice offset).
 template <typename Traits, bool kFeat>
@@ -48,7 +210,6 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
-    constexpr float kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(1024) char smem[];
     const int tidx = threadIdx.x;
@@ -121,33 +282,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     Tensor tKVpKV = make_col_predicate(tKVcKV, params.d);
 
     auto load_QdO = [&](int m_block, int stage) {
-        const int row0 = m_block * kBlockM;
-        const int rows = seqlen_q - row0;
-        Tensor gQ = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.q_ptr) + q_base +
-                                              index_t(row0) * params.q_row_stride),
-                                Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.q_row_stride, _1{}));
-        Tensor gdO = make_tensor(make_gmem_ptr(reinterpret_cast<Element *>(params.do_ptr) + do_base +
-                                               index_t(row0) * params.do_row_stride),
-                                 Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(params.do_row_stride, _1{}));
-        Tensor tQsQ_stage = tQsQ(_, _, _, stage);
-        Tensor tdOsdO_stage = tdOsdO(_, _, _, stage);
-        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gQ), tQsQ_stage, tQcQ, tQpQ, rows);
-        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gdO), tdOsdO_stage, tQcQ, tQpQ, rows);
-        // Rows past seqlen_q read as LSE = softmax_d = 0 with Q = dO = 0: P^T dO = 0 and dS = 0,
-        // so they contribute nothing.
-        if (tidx < 2 * kBlockM) {
-            const int r = tidx % kBlockM;
-            const bool valid = r < rows;
-            const float *src = tidx < kBlockM ? lse_ptr + row0 + r : dsum_ptr + row0 + r;
-            float *dst = (tidx < kBlockM ? smem_lse : smem_dsum) + stage * kBlockM + r;
-            SM80_CP_ASYNC_CACHEALWAYS_ZFILL<float>::copy(*(valid ? src : lse_ptr), *dst, valid);
-        }
-    };
-    // cp.async writes through the generic proxy; wgmma reads through the async proxy.
-    auto wait_loads_and_sync = [&]() {
-        cp_async_wait<0>();
-        cutlass::arch::fence_view_async_shared();
-        __syncthreads();
+        bwd_sm90_load_qdo<Traits>(params, gmem_copy, thr_gmem_copy, tQsQ, tdOsdO, tQcQ, tQpQ, q_base, do_base, lse_ptr,
+                                  dsum_ptr, smem_lse, smem_dsum, seqlen_q, m_block, stage, tidx);
     };
 
     // ---- MMA operands ----
@@ -171,13 +307,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     auto new_acc_st = [&]() { return partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{}); };
 
     // ---- prologue: K and V once, then the first query block ----
-    {
-        auto [gK, gV] = kv_block_gmem<Element, kBlockN, kHeadDim>(params, binfo, bidb, bidh_k, col0);
-        Tensor tKsK = thr_gmem_copy.partition_D(sK);
-        Tensor tVsV = thr_gmem_copy.partition_D(sV);
-        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
-        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
-    }
+    bwd_sm90_load_kv<Traits>(params, binfo, gmem_copy, thr_gmem_copy, sK, sV, tKVcKV, tKVpKV, bidb, bidh_k, col0,
+                             keys_left);
     load_QdO(m_block_min, 0);
     cp_async_fence();
 
@@ -198,7 +329,11 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
     for (int m_block = m_block_min; m_block < m_block_max; ++m_block) {
         const int stage = (m_block - m_block_min) & 1;
         const int row0 = m_block * kBlockM;
-        wait_loads_and_sync();  // this block's tiles landed; every warp is done with the last one
+        // This block's tiles landed (cp.async writes through the generic proxy, wgmma reads through
+        // the async proxy); every warp is done with the last one.
+        cp_async_wait<0>();
+        cutlass::arch::fence_view_async_shared();
+        __syncthreads();
         if (m_block + 1 < m_block_max) { load_QdO(m_block + 1, stage ^ 1); }
         cp_async_fence();
 
@@ -208,38 +343,15 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
         const uint32_t *drop_flags_stage = smem_drop_flags + stage * kDropFlagWords;
 
-        // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it.
+        // P^T = exp2(S^T * scale log2e - LSE log2e), masked where the tile needs it; dV += P^T dO.
         warpgroup_wait<1>();
         warpgroup_fence_operand(acc_s);
-        Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (key, query)
         const float *lse_stage = smem_lse + stage * kBlockM;
         const float *dsum_stage = smem_dsum + stage * kBlockM;
-        if constexpr (kFeat) { score_mod.apply_t(acc_s, coords_st, row0, col0); }
-        if (mask.tile_needs_mask(row0, col0, kBlockM, kBlockN)) {
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_s); ++i) {
-                const int key = col0 + get<0>(coords_st(i));
-                const int row = row0 + get<1>(coords_st(i));
-                const bool masked = (key >= seqlen_k) | (key > row + diag + params.window_right) |
-                                    (key < row + diag - params.window_left);
-                acc_s(i) = masked ? -INFINITY : acc_s(i);
-            }
-        }
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(scores); ++ni) {
-            const float lse_log2 = lse_stage[get<1>(coords_st_rc(0, ni))] * kLog2e;
-            CUTE_UNROLL
-            for (int mi = 0; mi < size<0>(scores); ++mi) {
-                scores(mi, ni) = exp2f(scores(mi, ni) * params.scale_softmax_log2 - lse_log2);
-            }
-        }
         Tensor rP = make_tensor_like<Element>(acc_s);
-        convert_into(acc_s, rP);
-        // dV takes P * keep / (1 - p): the dropped elements are cleared here, 1 / (1 - p) is
-        // applied to dV once at the end.
-        if (kFeat && is_dropout) { dropout_bwd_apply_p2<kBlockM>(rP, drop_flags_stage, coords_st); }
-        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
-                                                 tdVrdOt(_, _, _, stage), acc_dv);
+        bwd_sm90_p_and_dv<Traits, kFeat>(acc_s, rP, acc_dv, tiled_mma_dkv, tdVrdOt, stage, params, score_mod,
+                                         is_dropout, drop_flags_stage, coords_st, coords_st_rc, lse_stage, mask,
+                                         seqlen_k, diag, row0, col0);
 
         // dS^T = P^T * (dP^T - softmax_d).
         warpgroup_wait<1>();  // dP^T ready (dV may still run)
@@ -247,17 +359,8 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         // out = (P * keep / (1 - p)) V: the dP seen by P is dP * keep / (1 - p).
         if (kFeat && is_dropout) { dropout_bwd_apply_dp2<kBlockM>(acc_dp, drop_flags_stage, coords_st); }
         const float dp_scale = kFeat && is_dropout ? dropout.rp : 1.f;
-        Tensor dS = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(dS); ++ni) {
-            const float dsum = dsum_stage[get<1>(coords_st_rc(0, ni))];
-            CUTE_UNROLL
-            for (int mi = 0; mi < size<0>(dS); ++mi) { dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) * dp_scale - dsum); }
-        }
-        if constexpr (kFeat) {
-            score_mod.softcap_grad_t(acc_dp, acc_s, coords_st, row0, col0, params.scale_softmax_log2,
-                                     [&](int i) { return lse_stage[get<1>(coords_st(i))] * kLog2e; });
-        }
+        bwd_sm90_dp_to_ds<kFeat>(acc_dp, acc_s, params, score_mod, coords_st, coords_st_rc, lse_stage, dsum_stage,
+                                 dp_scale, row0, col0);
         Tensor rdS = make_tensor_like<Element>(acc_dp);
         convert_into(acc_dp, rdS);
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rdS.data(), acc_layout_as_A(rdS.layout())),
@@ -281,26 +384,10 @@ __forceinline__ __device__ void bwd_block_sm90(const BwdParams &params, const in
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
 
-        // dq_accum rows are padded to a multiple of 128 and columns to kHeadDim: no predicates.
-        Tensor gdQaccum = make_tensor(make_gmem_ptr(dq_accum_ptr + index_t(row0) * kHeadDim),
-                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-        Tensor tdQgdQaccum = thr_mma_dq.partition_C(gdQaccum);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns
-            if (dq_store) {  // first write of this slice element (params.dq_store_first)
-                *reinterpret_cast<float2 *>(&tdQgdQaccum(i)) = make_float2(acc_dq(i), acc_dq(i + 1));
-            } else {
-                atomicAdd(reinterpret_cast<float2 *>(&tdQgdQaccum(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-            }
-        }
+        bwd_sm90_add_dq<Traits>(acc_dq, thr_mma_dq, dq_accum_ptr, row0, dq_store);
     }
 
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dk); ++i) { acc_dk(i) *= params.scale_softmax; }
-    if (kFeat && is_dropout) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dv); ++i) { acc_dv(i) *= dropout.rp; }
-    }
+    bwd_sm90_scale_dk_dv<kFeat>(acc_dk, acc_dv, params, dropout, is_dropout);
     store_dk_dv();
 }
 
