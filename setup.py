@@ -137,6 +137,10 @@ def kernel_sources(archs, head_dims, dtypes):
             if sm90 and d == 256:
                 # Its split-d form at head dim 256: plain and feature calls.
                 sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim256_{dt}.cu")
+            if sm90 and d in (128, 192):
+                # The warp-specialised forward with a V head dim of its own: Q / K 192 with V 128
+                # (DeepSeek MLA), Q / K 128 with V 64.
+                sources.append(f"csrc/instantiations/flash_fwd_ws_sm90_hdim{d}x{d // 2 if d == 128 else 128}_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
     return sources, defines
 

@@ -184,14 +184,30 @@ def check_head_dims(q, k, v, names=("q", "k", "v")):
         )
 
 
-def pad_qkv(q, k, v, names=("q", "k", "v")):
+def _forward_takes_head_dim_v(q, v):
+    """Whether the forward kernel call (dense, or varlen without pages) takes v at its own head
+    dim (a multiple of 8 below q's: DeepSeek MLA's 192 / 128), running a kernel with that V width
+    where one is built and serves the call, else padding V itself (csrc/api/dense.cpp, varlen.cpp)."""
+    dq, dv = q.shape[-1], v.shape[-1]
+    if not (dv < dq and dq % 8 == 0 and dv % 8 == 0 and q.is_cuda):
+        return False
+    try:
+        return bool(getattr(_get_ext(), "fwd_takes_head_dim_v", False))
+    except ImportError:
+        return False
+
+
+def pad_qkv(q, k, v, names=("q", "k", "v"), keep_v=False):
     """(q, k, v) at kernel_head_dim: the tensors themselves when the head dims of q and v are
     equal and a multiple of 8 (the callers that pad already pay nothing more), else padded
-    copies, after check_head_dims (padding must not hide a k whose head dim is not q's)."""
+    copies, after check_head_dims (padding must not hide a k whose head dim is not q's).
+    keep_v (the forwards without pages): v keeps a smaller head dim where the kernel call takes it."""
     d = kernel_head_dim(q.shape[-1], v.shape[-1])
     if q.shape[-1] == v.shape[-1] == d:
         return q, k, v
     check_head_dims(q, k, v, names)
+    if keep_v and _forward_takes_head_dim_v(q, v):
+        return q, k, v
     return pad_head_dim(q, d), pad_head_dim(k, d), pad_head_dim(v, d)
 
 
@@ -336,7 +352,8 @@ def padded_forward(ctx, forward_fn, q, k, v, index_args, dropout_p, softmax_scal
     from q's and k's (checked by the caller), and out gets v's."""
     head_dim_qk, head_dim_v = q.shape[-1], v.shape[-1]
     softmax_scale = _default_softmax_scale(softmax_scale, head_dim_qk)
-    q, k, v = pad_qkv(q, k, v)
+    # A paged call's kernels read K and V at one head dim.
+    q, k, v = pad_qkv(q, k, v, keep_v=op_kwargs.get("block_table") is None)
     out_padded, softmax_lse, S_dmask, rng_state = forward_fn(
         q, k, v, *index_args, dropout_p, softmax_scale, causal=causal,
         window_size_left=window_size[0], window_size_right=window_size[1], softcap=softcap,
@@ -369,7 +386,7 @@ def padded_backward(ctx, backward_fn, dout, dq, dk, dv, index_args=()):
     saved = ctx.saved_tensors
     q, k, v, out, softmax_lse, rng_state = saved[:5] + saved[-1:]
     return backward_fn(
-        pad_head_dim(dout, q.shape[-1]), q, k, v, out, softmax_lse, dq, dk, dv,
+        pad_head_dim(dout, out.shape[-1]), q, k, v, out, softmax_lse, dq, dk, dv,
         *index_args, ctx.dropout_p, ctx.softmax_scale, ctx.causal, ctx.window_size[0],
         ctx.window_size[1], ctx.softcap, ctx.alibi_slopes, ctx.deterministic,
         rng_state=rng_state,

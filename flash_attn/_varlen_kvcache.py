@@ -270,7 +270,7 @@ def _flash_attn_varlen_forward(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
     # v's head dim may differ from q's and k's (out gets v's): see _common.pad_qkv.
     head_dim_v = v.shape[-1]
-    q, k, v = _common.pad_qkv(*[maybe_contiguous(x) for x in (q, k, v)])
+    q, k, v = _common.pad_qkv(*[maybe_contiguous(x) for x in (q, k, v)], keep_v=block_table is None)
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
     ext = _ext_for(q)

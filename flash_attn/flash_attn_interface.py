@@ -301,7 +301,7 @@ def _flash_attn_forward_impl(
     _check_return_softmax(return_softmax, dropout_p)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     head_dim_v = v.shape[-1]
-    q, k, v = _common.pad_qkv(*[maybe_contiguous(x) for x in (q, k, v)])
+    q, k, v = _common.pad_qkv(*[maybe_contiguous(x) for x in (q, k, v)], keep_v=True)
     ext = _ext_for(q)
     # The kernels need softmax_scale > 0: 0 and negative scales run on a transformed q.
     q, softmax_scale, _ = _kernel_q_and_scale(q, softmax_scale)

@@ -110,7 +110,8 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
                          int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore,
                          bool varlen);
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile);
-void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
+// head_dim_v: v's head dim may be below q's and k's (the forward; see mha_fwd).
+void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v = false);
 at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q);
 const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
                          at::Tensor &holder);

@@ -10,14 +10,14 @@ static std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
                                        double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
                                        double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                        bool return_softmax, std::optional<at::Tensor> learnable_sink) {
-    check_qkv_shapes(q, k, v);
+    check_qkv_shapes(q, k, v, /*head_dim_v=*/true);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
                 "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
-    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1);
-    at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
+    const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), dv = v.size(3);
+    at::Tensor out = output_or_new(out_, "out", {b, sq, h, dv}, q);
     at::Tensor lse = at::empty({b, h, sq}, q.options().dtype(at::kFloat));
     // Zeros without dropout (upstream leaves it uninitialised; zeros keep the op's outputs
     // deterministic, which torch.library.opcheck checks): the kernel writes them, or a per-call
@@ -38,15 +38,33 @@ static std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
         return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
     }
 
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     flash::FwdParams params{};
-    set_qkv(params, q, k, v, out, lse, softmax_scale, is_causal);
-    set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
-                   q.size(0), q.size(2));
-    set_learnable_sink(params, sink);
-    params.rng_state_ptr = rng_state.data_ptr<int64_t>();
-    if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
-    set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/false);
-    const bool found = flash::run_mha_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
+    auto set_params = [&](const at::Tensor &v_, const at::Tensor &out_kernel) {
+        set_qkv(params, q, k, v_, out_kernel, lse, softmax_scale, is_causal);
+        set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
+                       q.size(0), q.size(2));
+        set_learnable_sink(params, sink);
+        params.rng_state_ptr = rng_state.data_ptr<int64_t>();
+        if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, sk, q, rng_state, s_dmask, return_softmax);
+        set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/false);
+    };
+    set_params(v, out);
+    bool found = false;
+    if (dv != d) {
+        // V narrower than Q / K (MLA): its own kernel where one serves the call, else V
+        // zero-padded to d (zero columns of O, cut off after the kernel).
+        found = flash::run_mha_fwd_head_dim_v(params, stream);
+        if (!found) {
+            const at::Tensor v_padded = at::constant_pad_nd(v, {0, d - dv});
+            const at::Tensor out_padded = at::empty({b, sq, h, d}, q.options());
+            set_params(v_padded, out_padded);
+            found = flash::run_mha_fwd(params, stream);
+            if (found) out.copy_(out_padded.narrow(3, 0, dv));
+        }
+    } else {
+        found = flash::run_mha_fwd(params, stream);
+    }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     copy_back(out_, out);
     return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
@@ -174,6 +192,8 @@ void bind_dense(py::module_ &m) {
           py::arg("softmax_scale"), py::arg("is_causal"), py::arg("deterministic"),
           py::arg("window_size_left") = -1, py::arg("window_size_right") = -1, py::arg("softcap") = 0.0,
           py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
+    // The forward takes v with a head dim below q's (multiple of 8; out gets it).
+    m.attr("fwd_takes_head_dim_v") = true;
     m.def("learnable_sink_grad", &learnable_sink_grad, "The learnable sink's gradient (fp32) from softmax_lse and softmax_d",
           py::arg("learnable_sink"), py::arg("softmax_lse"), py::arg("softmax_d"), py::arg("cu_seqlens_q") = py::none());
 }

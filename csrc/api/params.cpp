@@ -141,6 +141,7 @@ void set_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &k, cons
     p.h_k = k.size(2);
     p.h_h_k_ratio = p.h / p.h_k;
     p.d = q.size(3);
+    p.dv = v.size(3);
     p.head_dim_tile = flash::head_dim_tile(p.d);
     p.scale_softmax = static_cast<float>(softmax_scale);
     p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
@@ -474,7 +475,7 @@ void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
     FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
 }
 
-void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v) {
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
     check_tensor(q, "q", q);
@@ -483,8 +484,10 @@ void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor
     const int64_t b = q.size(0), d = q.size(3);
     FLASH_CHECK(k.size(0) == b && v.size(0) == b, "flash_attn: q, k, v must have the same batch size, got ",
                 q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-    FLASH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
-                v.sizes());
+    const bool same_but_head_dim = k.size(1) == v.size(1) && k.size(2) == v.size(2) && v.size(3) < k.size(3) &&
+                                   v.size(3) % 8 == 0 && v.size(3) > 0;
+    FLASH_CHECK(k.sizes() == v.sizes() || (head_dim_v && same_but_head_dim), "flash_attn: k and v must have the same shape",
+                head_dim_v ? " (v's head dim may be a smaller multiple of 8)" : "", ", got ", k.sizes(), " and ", v.sizes());
     FLASH_CHECK(k.size(3) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(3));
     FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
                 kMaxHeadDim, " here (the Python layer pads), got ", d);

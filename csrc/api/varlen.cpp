@@ -22,15 +22,20 @@ void check_varlen_tensor(const at::Tensor &t, const char *name, const at::Tensor
 
 // An int32 CUDA vector of n elements on q's device (cu_seqlens, seqused_k, leftpad_k, ...).
 
-void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool paged) {
+// head_dim_v: v's head dim may be a smaller multiple of 8 than q's (the forward without pages).
+void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool paged,
+                      bool head_dim_v = false) {
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
     check_varlen_tensor(q, "q", q, 3, "(total_q, nheads, headdim)");
     const char *kv_shape = paged ? "(num_blocks, page_block_size, nheads_k, headdim)" : "(total_k, nheads_k, headdim)";
     check_varlen_tensor(k, "k", q, paged ? 4 : 3, kv_shape);
     check_varlen_tensor(v, "v", q, paged ? 4 : 3, kv_shape);
-    FLASH_CHECK(k.sizes() == v.sizes(), "flash_attn: k and v must have the same shape, got ", k.sizes(), " and ",
-                v.sizes());
+    const bool narrower_v = head_dim_v && !paged && k.size(0) == v.size(0) && k.size(1) == v.size(1) &&
+                            v.size(2) < k.size(2) && v.size(2) > 0 && v.size(2) % 8 == 0;
+    FLASH_CHECK(k.sizes() == v.sizes() || narrower_v, "flash_attn: k and v must have the same shape",
+                head_dim_v && !paged ? " (v's head dim may be a smaller multiple of 8)" : "", ", got ", k.sizes(),
+                " and ", v.sizes());
     const int64_t d = q.size(2);
     FLASH_CHECK(k.size(-1) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(-1));
     FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
@@ -65,6 +70,7 @@ void set_varlen_qkv(flash::FwdParams &p, const at::Tensor &q, const at::Tensor &
     p.h_k = k.size(-2);
     p.h_h_k_ratio = p.h / p.h_k;
     p.d = q.size(2);
+    p.dv = v.size(-1);
     p.head_dim_tile = flash::head_dim_tile(p.d);
     p.scale_softmax = static_cast<float>(softmax_scale);
     p.scale_softmax_log2 = static_cast<float>(softmax_scale * M_LOG2E);
@@ -112,7 +118,7 @@ static std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Te
                                               std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                               bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     const bool paged = block_table_.has_value();
-    check_varlen_qkv(q, k, v, paged);
+    check_varlen_qkv(q, k, v, paged, /*head_dim_v=*/true);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
                 "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");
@@ -121,9 +127,9 @@ static std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Te
     const int64_t b = check_varlen_batch(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q);
     c10::cuda::CUDAGuard device_guard(q.device());
     q = aligned(q), k = aligned(k), v = aligned(v);
-    const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2);
+    const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), dv = v.size(-1);
     const at::Tensor sink = learnable_sink_f32(learnable_sink, q, h);
-    at::Tensor out = output_or_new(out_, "out", q.sizes(), q);
+    at::Tensor out = output_or_new(out_, "out", {total_q, h, dv}, q);
     at::Tensor lse = at::empty({h, total_q}, q.options().dtype(at::kFloat));
     // Zeros without dropout, as in mha_fwd.
     const bool zero_fill = fwd_zero_fill(paged);
@@ -153,15 +159,18 @@ static std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Te
     }
 
     flash::FwdParams params{};
-    set_varlen_qkv(params, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, is_causal);
-    set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
-    set_learnable_sink(params, sink);
-    params.rng_state_ptr = rng_state.data_ptr<int64_t>();
-    if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
     at::Tensor seqused_k, leftpad_k, block_table;
-    params.seqused_k = optional_ints(seqused_k_, "seqused_k", b, q, seqused_k);
-    params.leftpad_k = optional_ints(leftpad_k_, "leftpad_k", b, q, leftpad_k);
+    auto set_params = [&](const at::Tensor &v_, const at::Tensor &out_kernel) {
+        set_varlen_qkv(params, q, k, v_, out_kernel, lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
+                       softmax_scale, is_causal);
+        set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
+        set_learnable_sink(params, sink);
+        params.rng_state_ptr = rng_state.data_ptr<int64_t>();
+        if (p_dropout > 0.0) set_dropout_fwd(params, p_dropout, max_seqlen_k, q, rng_state, s_dmask, return_softmax);
+        params.seqused_k = optional_ints(seqused_k_, "seqused_k", b, q, seqused_k);
+        params.leftpad_k = optional_ints(leftpad_k_, "leftpad_k", b, q, leftpad_k);
+    };
+    set_params(v, out);
     bool found;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     if (paged) {
@@ -179,7 +188,18 @@ static std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Te
     } else {
         params.total_k = static_cast<int>(k.size(0));
         set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/true);
-        found = flash::run_mha_fwd(params, stream);
+        // V narrower than Q / K (MLA): its own kernel where one serves the call, else V
+        // zero-padded to d (zero columns of O, cut off after the kernel).
+        found = dv != d ? flash::run_mha_fwd_head_dim_v(params, stream) : flash::run_mha_fwd(params, stream);
+        if (!found && dv != d) {
+            const at::Tensor v_padded = at::constant_pad_nd(v, {0, d - dv});
+            const at::Tensor out_padded = at::empty({total_q, h, d}, q.options());
+            set_params(v_padded, out_padded);
+            params.total_k = static_cast<int>(k.size(0));
+            set_fwd_ws_switches(params, rng_buffer, zero_fill, /*varlen=*/true);
+            found = flash::run_mha_fwd(params, stream);
+            if (found) out.copy_(out_padded.narrow(2, 0, dv));
+        }
     }
     check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
     zero_tail(out, cu_seqlens_q, b, lse.data_ptr<float>(), lse.stride(0));

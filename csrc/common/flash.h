@@ -41,6 +41,9 @@ struct FwdParams : QKVParams {
     index_t lse_batch_stride, lse_head_stride;
 
     int b, seqlen_q, seqlen_k, d;
+    // V's (and O's) head dim: d, except on a kernel with a V width of its own (DeepSeek MLA's 192 / 128:
+    // run_mha_fwd_head_dim_v).
+    int dv;
     int head_dim_tile;  // the instantiated kernel head dim (>= d)
 
     float scale_softmax;
@@ -233,6 +236,9 @@ inline bool has_features(const BwdParams &p) {
 
 // Dispatch on (dtype, head-dim tile). Returns false when that configuration was not built.
 bool run_mha_fwd(FwdParams &params, cudaStream_t stream);
+// A forward with params.dv < params.d on a kernel with a V width of its own; false (nothing launched)
+// where none serves the call (the binding then runs V zero-padded to d).
+bool run_mha_fwd_head_dim_v(FwdParams &params, cudaStream_t stream);
 bool run_mha_bwd(BwdParams &params, cudaStream_t stream);
 // The split-KV / paged / GQA-packed forward (decode and KV-cache attention) and, for
 // num_splits > 1, its combine step. Returns false when that configuration was not built.

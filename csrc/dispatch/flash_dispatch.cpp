@@ -204,4 +204,35 @@ bool run_mha_fwd_splitkv(FwdParams &params, cudaStream_t stream) {
     return false;
 }
 
+// ---- a V head dim of its own (FwdParams::dv < d) on the sm_90a warp-specialised forward: Q / K
+// up to 192 with V up to 128 (DeepSeek MLA), Q / K up to 128 with V up to 64;
+// instantiations/flash_fwd_ws_sm90_hdim{d}x{dv}_*.cu ----
+bool run_mha_fwd_hdim192x128_fp16(FwdParams &params, cudaStream_t stream);
+bool run_mha_fwd_hdim192x128_bf16(FwdParams &params, cudaStream_t stream);
+bool run_mha_fwd_hdim128x64_fp16(FwdParams &params, cudaStream_t stream);
+bool run_mha_fwd_hdim128x64_bf16(FwdParams &params, cudaStream_t stream);
+
+bool run_mha_fwd_head_dim_v(FwdParams &params, cudaStream_t stream) {
+#ifdef FLASH_ATTN_SM90A
+    if (!params.use_sm90 || has_features(params)) return false;
+    g_last_error.clear();
+    if (params.d > 128 && params.d <= 192 && params.dv <= 128) {
+#ifdef FLASH_ATTN_BUILT_bf16_192
+        if (params.is_bf16) return run_mha_fwd_hdim192x128_bf16(params, stream);
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_192
+        if (!params.is_bf16) return run_mha_fwd_hdim192x128_fp16(params, stream);
+#endif
+    } else if (params.d > 64 && params.d <= 128 && params.dv <= 64) {
+#ifdef FLASH_ATTN_BUILT_bf16_128
+        if (params.is_bf16) return run_mha_fwd_hdim128x64_bf16(params, stream);
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_128
+        if (!params.is_bf16) return run_mha_fwd_hdim128x64_fp16(params, stream);
+#endif
+    }
+#endif
+    (void)params, (void)stream;
+    return false;
+}
 }  // namespace flash

@@ -49,6 +49,7 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     kp.p = params;
     kp.shape_q = make_shape(rows_q, params.d, params.h, batch_q);
     kp.shape_k = make_shape(rows_k, params.d, params.h_k, batch_k);
+    kp.shape_v = make_shape(rows_k, params.dv, params.h_k, batch_k);
     auto gmem = [&](void *ptr, typename Traits::GmemShape shape, int64_t row_stride, int64_t head_stride,
                     int64_t batch_stride) {
         return make_tensor(make_gmem_ptr(static_cast<Element const *>(ptr)), shape,
@@ -61,9 +62,9 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.k_ptr, kp.shape_k, params.k_row_stride, params.k_head_stride,
                                                    params.k_batch_stride),
                              typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
-    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.v_ptr, kp.shape_k, params.v_row_stride, params.v_head_stride,
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.v_ptr, kp.shape_v, params.v_row_stride, params.v_head_stride,
                                                    params.v_batch_stride),
-                             typename Traits::SmemLayoutKVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+                             typename Traits::SmemLayoutVTile{}, Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{}, _1{});
     // O: the TMA store of the kernels that compile it in (see fwd_ws_store), on dense calls where
     // the TMA can address O; otherwise kp.tma_o stays zero and unused (no descriptor to encode).
     kp.o_tma = Traits::template kTmaStoreOFor<kFeat> && params.fwd_tma_o && params.cu_seqlens_q == nullptr &&
@@ -110,18 +111,19 @@ void launch(FwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
 
 }  // namespace fwd_ws_detail
 
-// Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
-// the existing forward. Not served: KV-cache refinements (seqused_k, leftpad_k, kv_batch_idx,
-// paged K/V), S_dmask (return_attn_probs with dropout), score modifiers / dropout in the plain
-// variant (kFeat = false), strides the TMA cannot address (not multiples of 16 bytes), a varlen
-// call without total_k.
-template <typename Element, int kHeadDim, bool kFeat>
-bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
-    static_assert(kHasSm90FwdWs<kHeadDim>);
-    using Traits = FwdWsTraitsFor<Element, kHeadDim>;
+// Whether the warp-specialised forward with these traits serves the call (false: nothing is
+// launched, and the caller runs another kernel). Not served: KV-cache refinements (seqused_k,
+// leftpad_k, kv_batch_idx, paged K/V), S_dmask (return_attn_probs with dropout), score modifiers /
+// dropout in the plain variant (kFeat = false), strides the TMA cannot address (not multiples of
+// 16 bytes), a varlen call without total_k, head dims other than the traits' (a V head dim of its
+// own only with traits that have one).
+template <typename Traits, bool kFeat>
+bool fwd_ws_serves(FwdParams const &params) {
+    constexpr bool kOwnHeadDimV = Traits::kHeadDimV != Traits::kHeadDim;
     if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
         params.block_table != nullptr || (!kFeat && has_features(params)) || params.s_dmask_ptr != nullptr ||
-        params.d > kHeadDim || params.d % 8 != 0) {
+        params.d > Traits::kHeadDim || params.d % 8 != 0 ||
+        (kOwnHeadDimV ? params.dv > Traits::kHeadDimV || params.dv % 8 != 0 : params.dv != params.d)) {
         return false;
     }
     const bool varlen_q = params.cu_seqlens_q != nullptr;
@@ -136,27 +138,58 @@ bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
         return false;
     }
     using fwd_ws_detail::tma_stride_ok;
-    if (!(tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
-          tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.k_row_stride, rows_k) &&
-          tma_stride_ok(params.k_head_stride, params.h_k) && tma_stride_ok(params.k_batch_stride, batch_k) &&
-          tma_stride_ok(params.v_row_stride, rows_k) && tma_stride_ok(params.v_head_stride, params.h_k) &&
-          tma_stride_ok(params.v_batch_stride, batch_k))) {
-        return false;
-    }
-    const bool dropout = kFeat && params.p_dropout > 0.f;
+    return tma_stride_ok(params.q_row_stride, rows_q) && tma_stride_ok(params.q_head_stride, params.h) &&
+           tma_stride_ok(params.q_batch_stride, batch_q) && tma_stride_ok(params.k_row_stride, rows_k) &&
+           tma_stride_ok(params.k_head_stride, params.h_k) && tma_stride_ok(params.k_batch_stride, batch_k) &&
+           tma_stride_ok(params.v_row_stride, rows_k) && tma_stride_ok(params.v_head_stride, params.h_k) &&
+           tma_stride_ok(params.v_batch_stride, batch_k);
+}
+
+// The launch's (rows, batch) extents of Q and of K / V: dense (seqlen, b) or varlen packed (total, 1).
+template <typename Traits, bool kFeat, bool kMayPersist = false>
+void fwd_ws_launch(FwdParams &params, cudaStream_t stream) {
+    const bool varlen_q = params.cu_seqlens_q != nullptr;
+    const bool varlen_k = params.cu_seqlens_k != nullptr;
+    fwd_ws_detail::launch<Traits, kFeat, kMayPersist>(params, stream, varlen_q ? params.total_q : params.seqlen_q,
+                                                      varlen_q ? 1 : params.b,
+                                                      varlen_k ? params.total_k : params.seqlen_k,
+                                                      varlen_k ? 1 : params.b);
+}
+
+// Returns false (nothing launched) for the calls this kernel does not serve (fwd_ws_serves); the
+// caller then runs the existing forward.
+template <typename Element, int kHeadDim, bool kFeat>
+bool run_mha_fwd_ws_sm90(FwdParams &params, cudaStream_t stream) {
+    static_assert(kHasSm90FwdWs<kHeadDim>);
+    using Traits = FwdWsTraitsFor<Element, kHeadDim>;
+    if (!fwd_ws_serves<Traits, kFeat>(params)) return false;
     // d64 plain calls on 128 x 128 tiles with 2 consumer warpgroups instead of FA3's 192 x 128 with
     // 3 where flash::fwd_ws_d64_m128 says so (short causal calls and narrow sliding windows, whose
     // 192-row tiles are mostly masked work: 512 = 2.67 x 192).
     if constexpr (kHeadDim == 64 && !kFeat) {
         if (fwd_ws_d64_m128(params)) {
-            fwd_ws_detail::launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, false, true>(params, stream, rows_q, batch_q,
-                                                                                     rows_k, batch_k);
+            fwd_ws_launch<FwdWsTraitsSm90<64, 128, 4, Element, 2>, false, true>(params, stream);
             return true;
         }
     }
     static_assert(!kFeat || Traits::kDropoutTiles);
     constexpr bool kMayPersist = !kFeat && kHeadDim <= 128;
-    fwd_ws_detail::launch<Traits, kFeat, kMayPersist>(params, stream, rows_q, batch_q, rows_k, batch_k);
+    fwd_ws_launch<Traits, kFeat, kMayPersist>(params, stream);
+    return true;
+}
+
+// A V / O head dim below Q's and K's, plain calls: Q / K 192 with V 128 (DeepSeek MLA prefill) on
+// the d128 kernel's 128 x 128 tiles and 2 stages with 192-wide Q and K tiles (Q 48 KB + 2 x (K 48
+// + V 32 KB) = 208 KB; O is staged in the Q tiles), and Q / K 128 with V 64 (Q 32 KB + 2 x (K 32
+// + V 16 KB) = 128 KB). Returns false for the calls it does not serve.
+template <typename Element, int kHeadDim, int kHeadDimV>
+using FwdWsTraitsHeadDimV = FwdWsTraitsSm90<kHeadDim, 128, 2, Element, 2, kHeadDimV>;
+
+template <typename Element, int kHeadDim, int kHeadDimV>
+bool run_mha_fwd_ws_sm90_head_dim_v(FwdParams &params, cudaStream_t stream) {
+    using Traits = FwdWsTraitsHeadDimV<Element, kHeadDim, kHeadDimV>;
+    if (!fwd_ws_serves<Traits, false>(params)) return false;
+    fwd_ws_launch<Traits, false>(params, stream);
     return true;
 }
 

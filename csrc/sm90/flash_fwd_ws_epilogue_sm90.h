@@ -31,12 +31,12 @@ __forceinline__ __device__ void fwd_ws_store_threads(FwdParams const &params, Bl
     using Element = typename Traits::Element;
     using EpiBase = typename Traits::EpiBase;
     constexpr int kRows = Traits::kRowsPerWG;
-    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kHeadDimV = Traits::kHeadDimV;
     Element *o_ptr = reinterpret_cast<Element *>(params.o_ptr) +
                      binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) + bidh * params.o_head_stride +
                      int64_t(row0) * params.o_row_stride;
-    smem_tile_to_gmem<typename EpiBase::GmemTiledCopyStore, kRows, kHeadDim>(s, o_ptr, params.o_row_stride, rows_left,
-                                                                            params.d, wg_tidx);
+    smem_tile_to_gmem<typename EpiBase::GmemTiledCopyStore, kRows, kHeadDimV>(s, o_ptr, params.o_row_stride, rows_left,
+                                                                             params.dv, wg_tidx);
 }
 
 // kMayTma: the TMA path is compiled in (Traits::kTmaStoreOFor; elsewhere the launcher sets
@@ -48,19 +48,18 @@ __forceinline__ __device__ void fwd_ws_store_drain(FwdWsKernelParams<Traits> con
     }
 }
 
-// acc_o: the warpgroup's normalised (64, kHeadDim) accumulator; lse: its rows' LSE (kNRows per
-// thread); smem_o: 64 x kHeadDim elements only this warpgroup touches (its Q tile, which no GEMM
+// acc_o: the warpgroup's normalised (64, kHeadDimV) accumulator; lse: its rows' LSE (kNRows per
+// thread); smem_o: 64 x kHeadDimV elements only this warpgroup touches (its Q tile, which no GEMM
 // reads any more, or its own staging buffer); row0: the warpgroup's first row in the sequence.
 template <typename Traits, bool kMayTma, typename TensorO, typename TensorL>
 __forceinline__ __device__ void fwd_ws_store(FwdWsKernelParams<Traits> const &kp, BlockInfo const &binfo,
                                              TensorO const &acc_o, TensorL const &lse, typename Traits::Element *smem_o,
                                              int wg, int wg_tidx, int bidb, int bidh, int row0) {
     FwdParams const &params = kp.p;
-    const bool use_tma = kMayTma && kp.o_tma;
     using Element = typename Traits::Element;
     using EpiBase = typename Traits::EpiBase;
     constexpr int kRows = Traits::kRowsPerWG;
-    constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kHeadDimV = Traits::kHeadDimV;
     const uint32_t epi_barrier = static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg;
     const int rows_left = binfo.seqlen_q - row0;
 
@@ -74,29 +73,36 @@ __forceinline__ __device__ void fwd_ws_store(FwdWsKernelParams<Traits> const &kp
     Tensor r = convert_type<Element>(acc_o);
     auto smem_copy = make_tiled_copy_C(typename EpiBase::SmemCopyAtomStore{}, tiled_mma_pv);
     auto thr_smem_copy = smem_copy.get_thread_slice(wg_tidx);
-    if (use_tma) {
-        Tensor s = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutOTma{});
-        cute::copy(smem_copy, thr_smem_copy.retile_S(r), thr_smem_copy.partition_D(s));
-        cutlass::arch::fence_view_async_shared();  // the generic-proxy writes, before the TMA reads them
-        cutlass::arch::NamedBarrier::sync(128, epi_barrier);
-        // Shared -> global: one TMA store of the (64, d) tile (rows past seqlen_q and columns
-        // past d are clipped by the TMA), issued and committed by thread 0.
-        if (wg_tidx == 0) {
-            Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q)(_, _, bidh, bidb);
-            Tensor gO = local_tile(mO, Shape<Int<kRows>, Int<kHeadDim>>{}, make_coord(row0 / kRows, _0{}));  // (64, d)
-            auto thr_tma_o = kp.tma_o.get_slice(_0{});
-            cute::copy(kp.tma_o, thr_tma_o.partition_S(s), thr_tma_o.partition_D(gO));
-            tma_store_arrive();
-        }
-    } else {
+    auto store_by_threads = [&]() {
         Tensor s = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{});
         cute::copy(smem_copy, thr_smem_copy.retile_S(r), thr_smem_copy.partition_D(s));
         cutlass::arch::NamedBarrier::sync(128, epi_barrier);
         fwd_ws_store_threads<Traits>(params, binfo, s, wg_tidx, bidb, bidh, row0, rows_left);
+    };
+    if constexpr (kMayTma) {
+        if (kp.o_tma) {
+            Tensor s = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutOTma{});
+            cute::copy(smem_copy, thr_smem_copy.retile_S(r), thr_smem_copy.partition_D(s));
+            cutlass::arch::fence_view_async_shared();  // the generic-proxy writes, before the TMA reads them
+            cutlass::arch::NamedBarrier::sync(128, epi_barrier);
+            // Shared -> global: one TMA store of the (64, d) tile (rows past seqlen_q and columns
+            // past d are clipped by the TMA), issued and committed by thread 0.
+            if (wg_tidx == 0) {
+                Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q)(_, _, bidh, bidb);
+                Tensor gO = local_tile(mO, Shape<Int<kRows>, Int<kHeadDimV>>{}, make_coord(row0 / kRows, _0{}));  // (64, d)
+                auto thr_tma_o = kp.tma_o.get_slice(_0{});
+                cute::copy(kp.tma_o, thr_tma_o.partition_S(s), thr_tma_o.partition_D(gO));
+                tma_store_arrive();
+            }
+        } else {
+            store_by_threads();
+        }
+    } else {
+        store_by_threads();
     }
 
     // LSE: the thread holding column 0 of a row writes it.
-    Tensor coords_o = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDim>>{}));
+    Tensor coords_o = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHeadDimV>>{}));
     Tensor coords_o_rc = make_tensor(coords_o.data(), acc_layout_rowcol(coords_o.layout()));
     float *lse_ptr = params.softmax_lse_ptr + (binfo.sum_s_q == -1 ? bidb * params.lse_batch_stride : binfo.sum_s_q) +
                      bidh * params.lse_head_stride + row0;

@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using Pipeline = typename Traits::Pipeline;
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
-    constexpr int kHeadDim = Traits::kHeadDim;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
+    constexpr int kHeadDimV = Traits::kHeadDimV;
     constexpr bool kMayTmaO = Traits::template kTmaStoreOFor<kFeat>;  // the O tile's TMA store compiled in
     FwdParams const &params = kp.p;
 
@@ -239,12 +239,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Traits::kNConsumerThreads);
     }
     typename Pipeline::Params pipe_params;
-    pipe_params.transaction_bytes = Traits::kKVTileBytes;
+    pipe_params.transaction_bytes = Traits::kKTileBytes;
     pipe_params.role = warp_group_idx == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
     pipe_params.is_leader = threadIdx.x == 0;  // the producer thread
     pipe_params.num_consumers = Traits::kNConsumerThreads;
     // Both constructors initialise their barriers from warp 0 and fence the initialisation.
     Pipeline pipeline_k(ss.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+    pipe_params.transaction_bytes = Traits::kVTileBytes;
     Pipeline pipeline_v(ss.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
     __syncthreads();  // barriers initialised before anyone waits on or arrives at them
 
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int row0 = tile.m_block * kBlockM + wg * kRowsPerWG;
 
             typename Traits::TiledMmaPV tiled_mma_pv;
-            Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{});
+            Tensor acc_o = partition_fragment_C(tiled_mma_pv, Shape<Int<kRowsPerWG>, Int<kHeadDimV>>{});
             constexpr int kNRows = decltype(size<0>(acc_layout_rowcol(acc_o.layout())))::value;
             OnlineSoftmax<kNRows> softmax;
 

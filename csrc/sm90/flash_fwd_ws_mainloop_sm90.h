@@ -50,24 +50,25 @@ __forceinline__ __device__ void fwd_ws_load(FwdWsKernelParams<Traits> const &kp,
                                             typename Traits::PipelineState &state_v, WaitQFree &&wait_q_free) {
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kHeadDim = Traits::kHeadDim;
+    constexpr int kHeadDimV = Traits::kHeadDimV;
     constexpr int kRowsPerWG = Traits::kRowsPerWG;
     const bool varlen_q = binfo.sum_s_q != -1;
     const bool varlen_k = binfo.sum_s_k != -1;
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
 
     // Varlen: the sequence starts at row cu_seqlens[b] of the packed tensor (batch index 0).
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, bidh, varlen_q ? 0 : bidb);
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_k)(_, _, bidh_k, varlen_k ? 0 : bidb);
-    Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_k)(_, _, bidh_k, varlen_k ? 0 : bidb);
+    Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_v)(_, _, bidh_k, varlen_k ? 0 : bidb);
     Tensor gQ = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mQ),
                            Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (64, d, m)
     Tensor gK = local_tile(domain_offset(make_coord(varlen_k ? binfo.sum_s_k : 0, _0{}), mK),
                            Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n)
     Tensor gV = local_tile(domain_offset(make_coord(varlen_k ? binfo.sum_s_k : 0, _0{}), mV),
-                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+                           Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));  // (N, dv, n)
 
     // (TMA, tile) views of global and (TMA, slot) views of shared memory.
     auto tma_q = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
@@ -276,8 +277,8 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     };
 
     auto zero_v_tail = [&](int stage) {
-        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
-        constexpr int kChunks = Traits::kHeadDim / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+        constexpr int kChunks = Traits::kHeadDimV / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
         const int n = (kBlockN - v_rows_valid) * kChunks;
         for (int i = wg_tidx; i < n; i += 128) {
             *reinterpret_cast<uint4 *>(&sV(v_rows_valid + i / kChunks, (i % kChunks) * 8, stage)) = make_uint4(0, 0, 0, 0);

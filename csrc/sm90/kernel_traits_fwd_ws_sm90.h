@@ -35,10 +35,14 @@ constexpr int kFwdLazyRescaleLog2Feat = 8;
 // See FwdWsTraitsSm90::kQInRegs.
 constexpr int kFwdQInRegs = 1;
 
-template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2>
+// kHeadDimV_: V's (and O's) head dim where it differs from Q's and K's (DeepSeek MLA: 192 / 128).
+template <int kHeadDim_, int kBlockN_, int kStages_, typename Element_, int kNConsumerWG_ = 2,
+          int kHeadDimV_ = kHeadDim_>
 struct FwdWsTraitsSm90 {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
+    static_assert(kHeadDimV <= kHeadDim, "O is staged in the Q tile");
     static constexpr int kNConsumerWG = kNConsumerWG_;
     static_assert(kNConsumerWG == 2 || kNConsumerWG == 3);
     static constexpr int kBlockM = 64 * kNConsumerWG;
@@ -51,23 +55,24 @@ struct FwdWsTraitsSm90 {
     // FA3's splits: 128 x 24 + 256 x 240 = 64512 and 128 x 32 + 384 x 160 = 65536 registers.
     static constexpr int kProducerRegs = kNConsumerWG == 2 ? 24 : 32;
     static constexpr int kConsumerRegs = kNConsumerWG == 2 ? 240 : 160;
-    static_assert(kBlockN % 16 == 0 && kHeadDim % 64 == 0);
+    static_assert(kBlockN % 16 == 0 && kHeadDim % 64 == 0 && kHeadDimV % 64 == 0);
     // O's online-softmax rescale placed just before the next P V is issued, where the S GEMM
     // issued right before it covers it (FA3's RescaleOBeforeGemm, which it uses above d128),
     // instead of after the P V wait, on the path from one pingpong turn to the next. Measured
     // (bf16 16k tokens, two-build A/B): d256 plain +0-2% (10 of 12 cells), d64 and
     // d128 1-2.5% slower, the feature kernels mixed (d256 dropout -4%, ALiBi +2%): plain d256 only
     // (the mainloop's kFeat keeps the feature kernels on the other placement).
-    static constexpr bool kRescaleOBeforePV = kHeadDim > 128;
+    static constexpr bool kRescaleOBeforePV = kHeadDimV > 128;  // O's width decides (equal but for MLA)
     // The plain kernels' conditional rescaling (OnlineSoftmax::update_scores kLazyLog2; 0 = every
     // tile rescales O as soon as a row max moves). Measured (two-build A/B):
     // d128 +1-9%, d256 +3-13% (largest at 8k), d64 2-5% slower (its O rescale is only 32 FMULs
     // per tile and the vote costs more than it saves): d >= 128 only.
-    static constexpr int kLazyRescaleLog2 = kHeadDim >= 128 ? kFwdLazyRescaleLog2 : 0;
-    static constexpr int kLazyRescaleLog2Feat = kHeadDim >= 128 ? kFwdLazyRescaleLog2Feat : 0;
+    static constexpr int kLazyRescaleLog2 = kHeadDimV >= 128 ? kFwdLazyRescaleLog2 : 0;
+    static constexpr int kLazyRescaleLog2Feat = kHeadDimV >= 128 ? kFwdLazyRescaleLog2Feat : 0;
     // The plain kernels' TMA store of O (see fwd_ws_store). Measured (run-time A/B):
     // d64 / d128 +1-2.6% at 512-1k, d256 1-2% slower at 512-2k: d <= 128 only.
-    static constexpr bool kTmaStoreO = kHeadDim <= 128;
+    // (kHeadDimV == kHeadDim: the O descriptor is built over Q's global shape.)
+    static constexpr bool kTmaStoreO = kHeadDim <= 128 && kHeadDimV == kHeadDim;
     // Whether a kernel compiles the TMA store in: the plain ones only (the feature kernels, which
     // spilled 20-100 B with both store paths, keep the per-thread stores).
     template <bool kFeat>
@@ -94,7 +99,7 @@ struct FwdWsTraitsSm90 {
     template <bool kFeat, bool kPersistent>
     using TiledMmaQKFor = std::conditional_t<kQInRegsFor<kFeat, kPersistent>, TiledMmaQKRegs, TiledMmaQK>;
     using TiledMmaPV = decltype(make_tiled_mma(
-        GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+        GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K,
                              GMMA::Major::MN>()));
 
     using SmemAtom = GmmaSmemAtomK<Element, kHeadDim>;
@@ -103,9 +108,12 @@ struct FwdWsTraitsSm90 {
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDim>, Int<kNConsumerWG>>{}));
     using SmemLayoutKVTile = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
     using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
-    // V^T (d, n, stage) over V's bytes: the MN-major B operand of O += P V.
+    using SmemAtomV = GmmaSmemAtomK<Element, kHeadDimV>;
+    using SmemLayoutVTile = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+    using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kStages>>{}));
+    // V^T (dv, n, stage) over V's bytes: the MN-major B operand of O += P V.
     using SmemLayoutVt = decltype(composition(
-        SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+        SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
 
     // Epilogue, per consumer warpgroup: O (64, d) staged in shared memory (the warpgroup's own Q
     // tile, which no GEMM reads any more, or its own buffer: kPersistentOwnO), then either one TMA
@@ -114,8 +122,8 @@ struct FwdWsTraitsSm90 {
     // FA2-style swizzled tile (SmemLayoutO; varlen calls, whose tiles' rows past the sequence
     // belong to the next one while the TMA clips only at the packed tensor's end, and the feature
     // kernels, where the layout change alone made d256 spill 108 B).
-    using EpiBase = KernelTraitsBase<kHeadDim, kRowsPerWG, kBlockN, 4, Element>;
-    using SmemLayoutO = decltype(tile_to_shape(typename EpiBase::SmemLayoutAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}));
+    using EpiBase = KernelTraitsBase<kHeadDimV, kRowsPerWG, kBlockN, 4, Element>;
+    using SmemLayoutO = decltype(tile_to_shape(typename EpiBase::SmemLayoutAtom{}, Shape<Int<kRowsPerWG>, Int<kHeadDimV>>{}));
     static_assert(cosize(SmemLayoutO{}) <= cosize(SmemLayoutQTile{}));
     using SmemLayoutOTma = SmemLayoutQTile;
 
@@ -128,11 +136,14 @@ struct FwdWsTraitsSm90 {
                                         Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, _1{}));
     using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVTile{},
                                          Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+    using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutVTile{},
+                                        Shape<Int<kBlockN>, Int<kHeadDimV>>{}, _1{}));
     using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element *>(nullptr)), GmemShape{}, GmemStride{}));
     using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutOTma{},
                                         Shape<Int<kRowsPerWG>, Int<kHeadDim>>{}, _1{}));
     static constexpr uint32_t kQTileBytes = kRowsPerWG * kHeadDim * sizeof(Element);
-    static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);
+    static constexpr uint32_t kKTileBytes = kBlockN * kHeadDim * sizeof(Element);
+    static constexpr uint32_t kVTileBytes = kBlockN * kHeadDimV * sizeof(Element);
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using PipelineState = typename Pipeline::PipelineState;
@@ -140,7 +151,7 @@ struct FwdWsTraitsSm90 {
     struct SharedStorage {
         cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> smem_q;
         cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> smem_k;
-        cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> smem_v;
+        cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> smem_v;
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
         alignas(8) uint64_t barrier_q;
@@ -194,11 +205,11 @@ struct FwdWsKernelParams {
     FwdParams p;
     typename Traits::TmaQ tma_q;
     typename Traits::TmaKV tma_k;
-    typename Traits::TmaKV tma_v;
+    typename Traits::TmaV tma_v;
     // O (shape_q): the epilogue's TMA store where o_tma (kTmaStoreOFor, dense calls with TMA-able
     // strides and params.fwd_tma_o); otherwise zero and unused.
     typename Traits::TmaO tma_o;
-    typename Traits::GmemShape shape_q, shape_k;
+    typename Traits::GmemShape shape_q, shape_k, shape_v;
     bool o_tma;
 };
 
