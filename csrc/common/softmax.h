@@ -123,10 +123,18 @@ struct OnlineSoftmax {
     // returns the natural-log LSE per row. A row with no visible key gets out = 0 and lse = +inf.
     //
     // sink: a learnable attention sink, one extra logit per row (natural-log units, the scores'
-    // scale) that enters the denominator and carries no value; -inf is none, and then the result is
-    // exactly that of the sink-free loop. With M = max(max * scale, sink) the denominator is
-    // sum exp(max * scale - M) + exp(sink - M), so no exponential overflows whatever the sink; an
-    // empty row gets out = 0 and lse = sink. The branch is uniform over the CTA (one head).
+    // scale) that enters the denominator and carries no value; -inf is none. With m = max * scale
+    // and M = max(m, sink), the denominator is sum exp(m - M) + exp(sink - M), where one term's
+    // exponential is exp(0) = 1 and the other's exp(-|m - sink|): no exponential overflows whatever
+    // the sink, and an empty row gets out = 0 and lse = sink. Without a sink, m wins every row
+    // (kept = 1, exp(-inf) = 0): denom is sum, and lse and out are bitwise those of the plain
+    // formulas (lse = fma(max, scale, log(sum)), out / sum).
+    // Selects, not a branch on the sink: with a branch, ptxas scheduled each row's normalisation
+    // as a block of its own after the last P V GEMM, and the persistent WS forward's store set-up
+    // (the tile's coordinates, two integer divisions) after both, where one block overlaps them
+    // with that GEMM (d64 epilogue, static stall cycles: 786 with the branch, 641 with the
+    // selects, 626 with no sink code; 512-token WS forward A/B 0.975-0.987 with the branch).
+    // The selects cost one exp per row.
     template <typename TensorO>
     __forceinline__ __device__ RowTensor finalize(TensorO &acc_o, float scale, float o_scale = 1.f,
                                                   float sink = -INFINITY) {
@@ -136,19 +144,17 @@ struct OnlineSoftmax {
         for (int mi = 0; mi < kNRows; ++mi) {
             const float sum = quad_allreduce(row_sum(mi), SumOp{});
             const bool empty = sum == 0.f || sum != sum;
-            float factor;
-            if (sink == -INFINITY) {
-                lse(mi) = empty ? INFINITY : row_max(mi) * scale + __logf(sum);
-                factor = empty ? 1.f : o_scale / sum;
-            } else {
-                const float m = empty ? -INFINITY : row_max(mi) * scale;
-                const float m_all = fmaxf(m, sink);
-                const float kept = empty ? 0.f : __expf(m - m_all);
-                const float denom = sum * kept + __expf(sink - m_all);
-                lse(mi) = m_all + __logf(denom);
-                // Empty rows: acc_o is 0 already (no P V term), and stays so.
-                factor = empty ? 1.f : o_scale * kept / denom;
-            }
+            const float m = empty ? -INFINITY : row_max(mi) * scale;
+            const bool row_wins = m >= sink;  // M = m; every row without a sink
+            // (NaN for an empty row without a sink: it reaches neither lse nor factor.)
+            const float e = __expf(-fabsf(m - sink));
+            const float kept = row_wins ? 1.f : e;  // exp(m - M)
+            const float denom = sum * kept + (row_wins ? e : 1.f);
+            // M + log(denom); where m wins, fma(max, scale, log(denom)) as in the plain formula.
+            lse(mi) = empty ? empty_row_lse(sink)
+                            : fmaf(row_wins ? row_max(mi) : sink, row_wins ? scale : 1.f, __logf(denom));
+            // Empty rows: acc_o is 0 already (no P V term), and stays so.
+            const float factor = empty ? 1.f : o_scale * kept / denom;
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) { acc_o_rc(mi, ni) *= factor; }
         }
