@@ -245,32 +245,51 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
 
 // ---- consumers: query block dq_block's dQ tile (registers, complete) into a shared buffer ------
 // For the writer warp's bulk reduce into dq_accum (not split-d). block_idx: dq_block - m_block_min.
+// The store addresses are ready before the wait for the buffer, and only the 16 stores follow it:
+// in the deterministic mode the consumers do wait there, for the writer's ordered reduce-adds
+// (each after the previous key block's has completed). Formed per element (c ^ (8 (r % 4)) of
+// each element's row and column), ptxas put ~55 address instructions behind that wait in the
+// d128 score-modifier / deterministic kernel (27 at 4c914a8, 5 now).
 template <typename Traits, typename ThrMmadQ, typename TensordQ>
-__forceinline__ __device__ void bwd_ws_dq_to_smem(BwdParams const &params, typename Traits::SharedStorage &ss,
-                                                  ThrMmadQ const &thr_mma_dq, TensordQ const &dq, int block_idx) {
+__forceinline__ __device__ void bwd_ws_dq_to_smem(typename Traits::SharedStorage &ss, ThrMmadQ const &thr_mma_dq,
+                                                  TensordQ const &dq, int block_idx) {
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kHeadDim = Traits::kHeadDim;
     // dQ tile -> shared buffer (block parity), for the writer warp's bulk reduce. The
     // buffer's previous tile (block - 2) must have been read out first.
     const uint32_t dq_buf = block_idx % Traits::kdQBuffers;
+    // Row-major fp32, as dq_accum. A warp's float2 store covers 8 rows x 32 bytes (lanes
+    // 4 i .. 4 i + 3: row r0 + i, one 8-float group) at a row pitch of kHeadDim x 4 bytes
+    // (a multiple of 128): plain, all 8 rows hit the same 8 banks (8-way conflicts, 22% of
+    // the kernel's shared-memory wavefronts in ncu). Swizzled (every warp-specialised kernel:
+    // the launcher sets params.dq_accum_swizzled, which the conversion reads), float c of row r
+    // sits at c ^ (8 (r % 4)), and rows r0 .. r0 + 3 land on the four 8-bank groups: 2
+    // wavefronts per store, the minimum for 256 bytes.
+    // A thread's elements (wgmma accumulator layout) are rows r0 + 8 a and column pairs
+    // c0 + 8 j + {0, 1}, with c0 % 32 < 8 (a warpgroup's dQ columns start at a multiple of 32):
+    // one r % 4 for all of them, and the swizzle only permutes the four 8-float groups of each
+    // 32-float span. So four pointers, one per group k of the span, and compile-time offsets from
+    // them: group k at float (tile0 + 8 k) ^ swz = tile0_swz ^ 8 k (bits 3-4 of tile0 are 0: the
+    // buffer and row offsets are multiples of 128 floats). All four come from one value: four
+    // pointers computed apart and held through the loop cost the d128 plain and dropout kernels
+    // in-loop spills.
+    static_assert((kHeadDim / Traits::kdQWgN) % 32 == 0, "a warpgroup's dQ columns start at a multiple of 32");
+    Tensor cdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    const int r0 = get<0>(cdQ(0)), c0 = get<1>(cdQ(0));
+    const int tile0_swz = static_cast<int>(dq_buf) * (kBlockM * kHeadDim) + ((r0 * kHeadDim + c0) ^ ((r0 & 3) << 3));
+    float *group_ptr[4];
+    CUTE_UNROLL
+    for (int k = 0; k < 4; ++k) { group_ptr[k] = ss.smem_dq.data() + (tile0_swz ^ (8 * k)); }
     if (block_idx >= Traits::kdQBuffers) {
         cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
                                           static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
     }
-    // Row-major fp32, as dq_accum. A warp's float2 store covers 8 rows x 32 bytes (lanes
-    // 4 i .. 4 i + 3: row r0 + i, one 8-float group) at a row pitch of kHeadDim x 4 bytes
-    // (a multiple of 128): plain, all 8 rows hit the same 8 banks (8-way conflicts, 22% of
-    // the kernel's shared-memory wavefronts in ncu). With the swizzle (float
-    // c of row r at c ^ (8 (r % 4)), params.dq_accum_swizzled) rows r0 .. r0 + 3 land on
-    // the four 8-bank groups: 2 wavefronts per store, the minimum for 256 bytes.
-    float *sdQ_buf = ss.smem_dq.data() + dq_buf * (kBlockM * kHeadDim);
-    Tensor cdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-    const int swizzle = params.dq_accum_swizzled ? 3 : 0;  // row bits XORed into the 8-float group
     CUTE_UNROLL
     for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
-        const int r = get<0>(cdQ(i)), c = get<1>(cdQ(i));
-        *reinterpret_cast<float2 *>(sdQ_buf + r * kHeadDim + (c ^ ((r & swizzle) << 3))) =
-            make_float2(dq(i), dq(i + 1));
+        // Offsets from element 0: compile-time constants once unrolled.
+        const int dr = get<0>(cdQ(i)) - r0, dc = get<1>(cdQ(i)) - c0;
+        const int k = (dc / 8) % 4;
+        *reinterpret_cast<float2 *>(group_ptr[k] + dr * kHeadDim + (dc - 8 * k)) = make_float2(dq(i), dq(i + 1));
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
     cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,

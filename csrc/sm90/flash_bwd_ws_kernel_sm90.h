@@ -219,7 +219,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             // free for the producer's next load while the dQ tile is written out.
             pipeline.consumer_release(state);
             ++state;
-            bwd_ws_dq_to_smem<Traits>(params, ss, thr_mma_dq, acc_dq, m_block - m_block_min);
+            bwd_ws_dq_to_smem<Traits>(ss, thr_mma_dq, acc_dq, m_block - m_block_min);
         }
     }
     if constexpr (Traits::kSplitD) {  // the writer has read the last dQ tile out of Q / dO

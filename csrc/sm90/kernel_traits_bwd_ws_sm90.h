@@ -151,7 +151,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     // dQ tiles (not split-d): (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
     // they are added to (one contiguous 1-D bulk reduce per tile); with params.dq_accum_swizzled
     // (always, for the d64 / d128 kernels) float c of row r sits at c ^ (8 (r % 4)) in
-    // both, which makes the consumers' float2 stores conflict-free (see write_out_dq) and which
+    // both, which makes the consumers' float2 stores conflict-free (see bwd_ws_dq_to_smem) and which
     // the dQ conversion undoes. Double-buffered: the consumers
     // fill one while the writer's reduce still reads the other. The d128 dropout kernel keeps one
     // (the two flag buffers take its place: 226 KB otherwise + 16 KB): the writer has read the
