@@ -11,6 +11,7 @@ Run on a machine with an NVIDIA GPU (built for H100/H200, sm90):
     python benchmarks/benchmark_attn.py --features         # cost of window/ALiBi/dropout/...
     python benchmarks/benchmark_attn.py --sinks            # cost of learnable_sink (gpt-oss shapes)
     python benchmarks/benchmark_attn.py --mla              # head dims 192 / 128 against SDPA-cuDNN
+    python benchmarks/benchmark_attn.py --sdpa-ab          # SDPA on our kernels vs flash_attn_func, interleaved
 
 Standard grid (as in the FlashAttention papers): total tokens 16384 (batch = 16384 // seqlen),
 hidden 2048 (nheads = 2048 // headdim), headdim in {64, 128, 256},
@@ -170,6 +171,12 @@ def parse_args(argv=None):
                    help="MLA mode: Q / K head dim 192 with V head dim 128 (DeepSeek MLA prefill), "
                         "b2 16 heads seqlen 8192, causal and not, ours against SDPA-cuDNN, fwd / bwd "
                         "TFLOP/s on 2 b h s^2 (192 + 128) (halved causal; bwd 2.5x)")
+    p.add_argument("--sdpa-ab", action="store_true",
+                   help="SDPA-on-ours mode: over the grid, F.scaled_dot_product_attention with "
+                        "flash_attn.sdpa activated (the flash backend) against flash_attn_func on "
+                        "the same inputs, alternated over --ab-rounds rounds; fwd / bwd ratios")
+    p.add_argument("--ab-rounds", type=int, default=3,
+                   help="--sdpa-ab: rounds of (flash_attn_func, SDPA) timings, each round in the other order")
     p.add_argument("--sink-rounds", type=int, default=6,
                    help="--sinks: rounds of (plain, sink) timings, each round in the other order")
     p.add_argument("--total-tokens", type=int, default=16384,
@@ -771,6 +778,38 @@ def run_mla(bench, args, rows):
         del sets
 
 
+def run_sdpa_ab(bench, args, rows):
+    """F.scaled_dot_product_attention on our kernels (flash_attn.sdpa) against flash_attn_func
+    over the grid, on the same inputs, each round in the other order (the later of two sequential
+    timings reads slower at the power cap), median over the rounds."""
+    ratios = {"fwd": [], "bwd": []}
+    print("\nSDPA on our kernels / flash_attn_func, TFLOP/s ratio (median of %d alternated rounds; "
+          "> 1: SDPA faster); timer: %s" % (args.ab_rounds, bench.timer_kind))
+    for cfg in grid_configs(args):
+        dtype = {"bf16": bench.torch.bfloat16, "fp16": bench.torch.float16}[cfg["dtype"]]
+        set_bytes = 5 * cfg["batch"] * cfg["seqlen_q"] * cfg["nheads"] * cfg["headdim"] * 2
+        sets = bench.make_inputs(cfg, bench.n_rotations(set_bytes), dtype)
+        ms = {b: {"fwd": [], "bwd": []} for b in ("ours", "sdpa_ours")}
+        for r in range(max(1, args.ab_rounds)):
+            for backend in (("ours", "sdpa_ours") if r % 2 == 0 else ("sdpa_ours", "ours")):
+                for phase in ("fwd", "bwd"):
+                    ms[backend][phase].append(bench.time_phase(backend, phase, cfg, sets))
+        med = {b: {ph: statistics.median(v) for ph, v in m.items()} for b, m in ms.items()}
+        cell = {ph: med["ours"][ph] / med["sdpa_ours"][ph] for ph in ("fwd", "bwd")}
+        for ph in cell:
+            ratios[ph].append(cell[ph])
+        for b in med:
+            rows.append(dict(cfg, causal=int(cfg["causal"]), backend=b, fwd_ms=med[b]["fwd"],
+                             bwd_ms=med[b]["bwd"], note=""))
+        print("  %s causal=%d d=%d s=%d   fwd %.3f   bwd %.3f" % (
+            cfg["dtype"], cfg["causal"], cfg["headdim"], cfg["seqlen_q"], cell["fwd"], cell["bwd"]), flush=True)
+        del sets
+    for ph, xs in ratios.items():
+        if xs:
+            print("  %s: geometric mean %.3f, lowest %.3f, %d of %d cells below 0.98" % (
+                ph, _geomean(xs), min(xs), sum(x < 0.98 for x in xs), len(xs)))
+
+
 # gpt-oss alternates 128-token sliding-window layers with full ones.
 SINK_WINDOWS = ((128, 0), (-1, -1))
 
@@ -1243,12 +1282,14 @@ def main(argv=None):
     meta = collect_meta(bench, args)
     rows, extra, status = [], {}, 0
     prefix = ("decode" if args.decode else "varlen" if args.varlen else "features" if args.features
-              else "sinks" if args.sinks else "mla" if args.mla else "attn")
+              else "sinks" if args.sinks else "mla" if args.mla else "sdpa_ab" if args.sdpa_ab else "attn")
     try:
         if args.sinks:
             run_sink_cost(bench, args, rows)
         elif args.mla:
             run_mla(bench, args, rows)
+        elif args.sdpa_ab:
+            run_sdpa_ab(bench, args, rows)
         elif args.decode:
             run_decode(bench, args, rows)
         elif args.varlen:
@@ -1267,7 +1308,7 @@ def main(argv=None):
         print("\ninterrupted; partial results are saved.")
         status = 130
 
-    if not (args.decode or args.varlen or args.features or args.sinks or args.mla):
+    if not (args.decode or args.varlen or args.features or args.sinks or args.mla or args.sdpa_ab):
         lines, summary = summarize(rows, args)
         if lines:
             print()
@@ -1284,7 +1325,7 @@ def main(argv=None):
     png = None
     try:
         title = "%s | torch %s | %s" % (bench.device_name, torch.__version__, meta["date"])
-        if args.features or args.sinks or args.mla:
+        if args.features or args.sinks or args.mla or args.sdpa_ab:
             png = None
         elif args.decode:
             shown = []

@@ -86,3 +86,38 @@ def test_benchmark_sink_cost_alternates_the_order():
     assert order[:8] == [False, False, True, True, True, True, False, False]
     assert [(r["backend"], r["fwd_ms"], r["bwd_ms"]) for r in rows[:2]] == [("ours", 1.0, 3.0), ("ours:sink", 2.0, 6.0)]
     assert len(rows) == 2 * len(bm.SINK_WINDOWS)
+
+
+def test_benchmark_sdpa_ab_alternates_the_order():
+    """benchmarks/benchmark_attn.py --sdpa-ab times flash_attn_func and SDPA on our kernels in
+    alternating order per cell and reports their ratio."""
+    import torch
+
+    path = SCRIPTS.parent / "benchmarks" / "benchmark_attn.py"
+    spec = importlib.util.spec_from_file_location("benchmark_attn", path)
+    bm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bm)
+    order = []
+
+    class StubBench:
+        timer_kind = "stub"
+
+        def __init__(self):
+            self.torch = torch
+
+        def n_rotations(self, set_bytes):
+            return 1
+
+        def make_inputs(self, cfg, n_sets, dtype):
+            return [(None, None, None)]
+
+        def time_phase(self, backend, phase, cfg, sets):
+            order.append(backend)
+            return (1.25 if backend == "sdpa_ours" else 1.0) * (1 if phase == "fwd" else 3)
+
+    rows = []
+    args = bm.parse_args(["--sdpa-ab", "--ab-rounds", "2", "--seqlens", "1024", "--headdims", "64", "--causal", "0"])
+    bm.run_sdpa_ab(StubBench(), args, rows)
+    # round 0: ours (fwd, bwd) then SDPA; round 1: SDPA then ours
+    assert order == ["ours", "ours", "sdpa_ours", "sdpa_ours", "sdpa_ours", "sdpa_ours", "ours", "ours"]
+    assert [(r["backend"], r["fwd_ms"], r["bwd_ms"]) for r in rows] == [("ours", 1.0, 3.0), ("sdpa_ours", 1.25, 3.75)]
