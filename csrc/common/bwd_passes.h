@@ -38,8 +38,9 @@ __forceinline__ __device__ int64_t accum_row0(const BwdParams &params, const Blo
 // softmax_d = rowsum(dO * O) and, with params.dq_accum_zero_in_preprocess, the row's dq_accum
 // zeroed: rows < seqlen_q_rounded, and in varlen only the sequence's own rows and its 128 rows of
 // padding (the main kernels add into rows < round_up(seqlen_q, kBlockM) <= both bounds).
-template <typename Element, int kLanes>
-__global__ void __launch_bounds__(kPassThreads) flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
+// dO's and O's head dim: params.d, or (kOwnHeadDimV: flash_bwd_preprocess_dv_kernel) params.dv.
+template <typename Element, int kLanes, bool kOwnHeadDimV>
+__forceinline__ __device__ void bwd_preprocess_row(BwdParams const &params) {
     constexpr int kRows = kPassThreads / kLanes;
     const int lane = threadIdx.x % kLanes;
     const int row = blockIdx.x * kRows + threadIdx.x / kLanes;
@@ -65,7 +66,8 @@ __global__ void __launch_bounds__(kPassThreads) flash_bwd_preprocess_kernel(cons
                            binfo.q_offset(params.o_batch_stride, params.o_row_stride, bidb) +
                            bidh * params.o_head_stride + int64_t(row) * params.o_row_stride;
     float dot = 0.f;
-    for (int c = lane * 8; c < params.d; c += kLanes * 8) {  // d is a multiple of 8: 16-byte vectors
+    // d / dv is a multiple of 8: 16-byte vectors
+    for (int c = lane * 8; c < (kOwnHeadDimV ? params.dv : params.d); c += kLanes * 8) {
         const uint4 a = *reinterpret_cast<const uint4 *>(do_row + c);
         const uint4 b = *reinterpret_cast<const uint4 *>(o_row + c);
         const Element *ea = reinterpret_cast<const Element *>(&a);
@@ -77,6 +79,16 @@ __global__ void __launch_bounds__(kPassThreads) flash_bwd_preprocess_kernel(cons
     CUTE_UNROLL
     for (int offset = kLanes / 2; offset > 0; offset /= 2) { dot += __shfl_xor_sync(mask, dot, offset); }
     if (lane == 0) params.softmax_d_ptr[row_index] = dot;
+}
+
+template <typename Element, int kLanes>
+__global__ void __launch_bounds__(kPassThreads) flash_bwd_preprocess_kernel(const __grid_constant__ BwdParams params) {
+    bwd_preprocess_row<Element, kLanes, false>(params);
+}
+// The backward with a V head dim of its own (params.dv < params.d: DeepSeek MLA's 192 / 128).
+template <typename Element, int kLanes>
+__global__ void __launch_bounds__(kPassThreads) flash_bwd_preprocess_dv_kernel(const __grid_constant__ BwdParams params) {
+    bwd_preprocess_row<Element, kLanes, true>(params);
 }
 
 // dq = dq_accum * scale in the input dtype (summing the slices of the deterministic modes).
@@ -132,11 +144,16 @@ __global__ void __launch_bounds__(kPassThreads) flash_bwd_convert_dq_kernel(cons
 // Every backward: softmax_d = rowsum(dO * O) (and dq_accum zeroed), the main kernel
 // (launch_main), dq conversion. kMaySwizzle: the launching kernel may set
 // params.dq_accum_swizzled (the warp-specialised ones), so the swizzled conversion is compiled too.
-template <typename Element, int kLanes, bool kMaySwizzle, typename LaunchMain>
+// kOwnHeadDimV: softmax_d over params.dv columns (flash_bwd_preprocess_dv_kernel).
+template <typename Element, int kLanes, bool kMaySwizzle, bool kOwnHeadDimV, typename LaunchMain>
 void launch_bwd_passes_lanes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
     constexpr int kRows = kPassThreads / kLanes;
     const dim3 grid_rows(ceil_div(params.seqlen_q_rounded, kRows), params.b, params.h);
-    flash_bwd_preprocess_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
+    if constexpr (kOwnHeadDimV) {
+        flash_bwd_preprocess_dv_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
+    } else {
+        flash_bwd_preprocess_kernel<Element, kLanes><<<grid_rows, kPassThreads, 0, stream>>>(params);
+    }
     FLASH_CHECK_LAUNCH();
     launch_main();
     if constexpr (kMaySwizzle) {
@@ -163,9 +180,9 @@ void launch_bwd_passes_lanes(BwdParams &params, cudaStream_t stream, LaunchMain 
 template <int kHeadDimTile>
 constexpr int kPassLanes = kHeadDimTile <= 32 ? 4 : kHeadDimTile <= 64 ? 8 : kHeadDimTile <= 128 ? 16 : 32;
 
-template <typename Element, int kHeadDimTile, bool kMaySwizzle = false, typename LaunchMain>
+template <typename Element, int kHeadDimTile, bool kMaySwizzle = false, bool kOwnHeadDimV = false, typename LaunchMain>
 void launch_bwd_passes(BwdParams &params, cudaStream_t stream, LaunchMain &&launch_main) {
-    launch_bwd_passes_lanes<Element, kPassLanes<kHeadDimTile>, kMaySwizzle>(params, stream, launch_main);
+    launch_bwd_passes_lanes<Element, kPassLanes<kHeadDimTile>, kMaySwizzle, kOwnHeadDimV>(params, stream, launch_main);
 }
 
 }  // namespace flash

@@ -85,9 +85,11 @@ __forceinline__ __device__ void store_tile(TensorAcc const &acc, char *smem, Sme
 // dK and dV of the key block at col0 (rows < keys_left, columns < d) to params.dk_ptr / dv_ptr
 // through shared memory at smem (dK's tile, then dV's), after sync: a barrier telling that every
 // reader of that shared memory is done (the whole CTA, or the warp-specialised consumers).
-template <typename Traits, typename TensorAcc, typename Sync = CtaSync>
+// dV: Traits::kHeadDimV columns (Traits::TiledMmadV, SmemLayoutdV; < params.dv where that
+// differs from kHeadDim, < params.d otherwise).
+template <typename Traits, typename TensorAcc, typename TensorAccV, typename Sync = CtaSync>
 __forceinline__ __device__ void store_dk_dv(BwdParams const &params, BlockInfo const &binfo, TensorAcc const &acc_dk,
-                                            TensorAcc const &acc_dv, char *smem, int bidb, int bidh, int col0,
+                                            TensorAccV const &acc_dv, char *smem, int bidb, int bidh, int col0,
                                             int keys_left, int tidx, Sync sync = {}) {
     using Element = typename Traits::Element;
     using index_t = int64_t;
@@ -101,8 +103,10 @@ __forceinline__ __device__ void store_dk_dv(BwdParams const &params, BlockInfo c
     constexpr int kdKVBytes = cosize(typename Traits::SmemLayoutdKV{}) * sizeof(Element);
     store_tile<Traits, typename Traits::TiledMmadKV>(acc_dk, smem, typename Traits::SmemLayoutdKV{}, dk_ptr,
                                                      params.dk_row_stride, keys_left, params.d, tidx, sync);
-    store_tile<Traits, typename Traits::TiledMmadKV>(acc_dv, smem + kdKVBytes, typename Traits::SmemLayoutdKV{}, dv_ptr,
-                                                     params.dv_row_stride, keys_left, params.d, tidx, sync);
+    store_tile<Traits, typename Traits::TiledMmadV>(acc_dv, smem + kdKVBytes, typename Traits::SmemLayoutdV{}, dv_ptr,
+                                                    params.dv_row_stride, keys_left,
+                                                    Traits::kHeadDimV == Traits::kHeadDim ? params.d : params.dv, tidx,
+                                                    sync);
 }
 
 }  // namespace flash

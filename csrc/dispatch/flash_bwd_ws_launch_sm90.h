@@ -60,15 +60,26 @@ void launch(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int
     using TileQdO = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
     kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(params.q_ptr, params.q_row_stride, params.q_head_stride, params.q_batch_stride),
                              typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{},
-                              gmem(params.do_ptr, params.do_row_stride, params.do_head_stride, params.do_batch_stride),
-                              typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
+    if constexpr (Traits::kOwnHeadDimV) {  // dO: (rows, dv, heads, batch) (the kernel rebuilds this shape)
+        auto shape_do = make_shape(rows_q, params.dv, params.h, batch_q);
+        Tensor gdO = make_tensor(make_gmem_ptr(static_cast<Element const *>(params.do_ptr)), shape_do,
+                                 make_stride(tma_stride(params.do_row_stride, rows_q), _1{},
+                                             tma_stride(params.do_head_stride, params.h),
+                                             tma_stride(params.do_batch_stride, batch_q)));
+        kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gdO, typename Traits::SmemLayoutdOTile{},
+                                  Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{}, _1{});
+    } else {
+        kp.tma_do = make_tma_copy(SM90_TMA_LOAD{},
+                                  gmem(params.do_ptr, params.do_row_stride, params.do_head_stride, params.do_batch_stride),
+                                  typename Traits::SmemLayoutQdOTile{}, TileQdO{}, _1{});
+    }
     kp.tma_lse = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_lse_ptr, kp.shape_lse),
                                typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
     kp.tma_dsum = make_tma_copy(SM90_TMA_LOAD{}, row_tensor(params.softmax_d_ptr, kp.shape_dsum),
                                 typename Traits::SmemLayoutRowTile{}, Shape<Int<Traits::kRowBox>>{}, _1{});
 
-    launch_bwd_passes<Element, Traits::kHeadDim, /*kMaySwizzle=*/true>(params, stream, [&] {
+    // softmax_d = rowsum(dO * O) over params.dv columns where V has a head dim of its own.
+    launch_bwd_passes<Element, Traits::kHeadDim, /*kMaySwizzle=*/true, Traits::kOwnHeadDimV>(params, stream, [&] {
         constexpr int smem_size = Traits::kSmemSize;
         auto kernel = &flash_bwd_ws_kernel_sm90<Traits>;
         FLASH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_size));

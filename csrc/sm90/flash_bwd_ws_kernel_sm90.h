@@ -88,7 +88,10 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     typename Traits::TiledMmadKV tiled_mma_dkv;
     auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
     Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-    Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    // dV += P^T dO: (kBlockN, dv) (Traits::TiledMmadV: TiledMmadKV at kHeadDimV == kHeadDim).
+    typename Traits::TiledMmadV tiled_mma_dv;
+    auto thr_mma_dv = tiled_mma_dv.get_thread_slice(tidx);
+    Tensor acc_dv = partition_fragment_C(tiled_mma_dv, Shape<Int<kBlockN>, Int<Traits::kHeadDimV>>{});
     clear(acc_dk);
     clear(acc_dv);
     // dK / dV staged over Q / dO / K / V once every wgmma of both warpgroups has finished reading
@@ -102,11 +105,11 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQdO{});
     Tensor sQt = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQdOt{});
-    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutQdO{});
-    Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutQdOt{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdOt{});
     Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
     Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKt{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
     Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdS{});
     Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
     const float *smem_lse = ss.smem_lse.data();
@@ -123,9 +126,12 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
     Tensor tSrK = thr_mma_sdp.partition_fragment_A(sK);    // smem descriptors
     Tensor tSrQ = thr_mma_sdp.partition_fragment_B(sQ);    // (MMA, MMA_N, MMA_K, stage)
-    Tensor tdPrV = thr_mma_sdp.partition_fragment_A(sV);
-    Tensor tdPrdO = thr_mma_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
+    // dP^T = V dO^T over K extent dv (Traits::TiledMmadP: TiledMmaSdP at kHeadDimV == kHeadDim).
+    typename Traits::TiledMmadP tiled_mma_dp;
+    auto thr_mma_dp = tiled_mma_dp.get_thread_slice(tidx);
+    Tensor tdPrV = thr_mma_dp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_mma_dp.partition_fragment_B(sdO);
+    Tensor tdVrdOt = thr_mma_dv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
     Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);
     typename Traits::TiledMmadQ tiled_mma_dq;
     auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
@@ -175,7 +181,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         Tensor acc_s = new_acc_st();
         Tensor acc_dp = new_acc_st();
         wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
-        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
         if constexpr (Traits::kDropout && Traits::kSplitD) {
             // Block m + 1's flags while S^T / dP^T run (see BwdWsDropFlags).
             if (m_block + 1 < m_block_max) { drop.make(m_block + 1); }
@@ -191,7 +197,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
             for (int ni = 0; ni < kQueryCols; ++ni) { dsum_cols[ni] = dsum_stage[get<1>(coords_st_rc(0, ni))]; }
         }
         if constexpr (!Traits::kSplitD) {
-            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dv, make_tensor(rP.data(), acc_layout_as_A(rP.layout())),
                                                      tdVrdOt(_, _, _, stage), acc_dv);
         }
         Tensor rdS = bwd_ws_ds_from_dp<Traits>(params, acc_dp, acc_s, coords_st, coords_st_rc, score_mod, drop, m_block,
@@ -203,7 +209,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
         bwd_ws_ds_p_to_smem<Traits>(tiled_mma_sdp, rdS, rP, sdSt, tdSsdSt, tPsPt, ds_buf, m_block, m_block_min, tidx);
         if constexpr (Traits::kSplitD) {
             // dV += P^T dO and dK += dS^T Q over this warpgroup's head-dim half, both 64 queries.
-            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdVrPt(_, _, _, Traits::kPBuffers == 1 ? 0 : ds_buf),
+            wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dv, tdVrPt(_, _, _, Traits::kPBuffers == 1 ? 0 : ds_buf),
                                                      tdVrdOt(_, _, _, stage), acc_dv);
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdKrdSt(_, _, _, ds_buf), tdKrQt(_, _, _, stage), acc_dk);
         }

@@ -49,17 +49,25 @@ __forceinline__ __device__ void bwd_ws_load(BwdWsKernelParams<Traits> const &kp,
     const bool varlen_q = binfo.sum_s_q != -1;
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQdO{});
-    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutQdO{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
     Tensor sLSE = make_tensor(make_smem_ptr(ss.smem_lse.data()), typename Traits::SmemLayoutRow{});
     Tensor sdsum = make_tensor(make_smem_ptr(ss.smem_dsum.data()), typename Traits::SmemLayoutRow{});
 
     // Varlen: the sequence starts at row cu_seqlens_q[b] of the packed tensor (batch index 0).
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q)(_, _, bidh, varlen_q ? 0 : bidb);
-    Tensor mdO = kp.tma_do.get_tma_tensor(kp.shape_q)(_, _, bidh, varlen_q ? 0 : bidb);
+    // dO: (rows, dv, heads, batch); the kernel arguments carry Q's shape, dv is params.dv.
+    auto shape_do = [&]() {
+        if constexpr (Traits::kOwnHeadDimV) {
+            return make_shape(get<0>(kp.shape_q), params.dv, get<2>(kp.shape_q), get<3>(kp.shape_q));
+        } else {
+            return kp.shape_q;
+        }
+    }();
+    Tensor mdO = kp.tma_do.get_tma_tensor(shape_do)(_, _, bidh, varlen_q ? 0 : bidb);
     Tensor gQ = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mQ),
                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (M, d, m)
     Tensor gdO = local_tile(domain_offset(make_coord(varlen_q ? binfo.sum_s_q : 0, _0{}), mdO),
-                            Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+                            Shape<Int<kBlockM>, Int<Traits::kHeadDimV>>{}, make_coord(_, _0{}));
     // The LSE / softmax_d boxes start 16-byte aligned, up to kRowShiftMax - 1 elements before the
     // row (see the traits); the consumers skip that shift.
     const int lse_row0 = bwd_ws_lse_row0(params, binfo, bidb, bidh);
@@ -202,7 +210,15 @@ __forceinline__ __device__ void bwd_ws_load_kv(BwdParams const &params, BlockInf
     Tensor tKsK = thr_gmem_copy.partition_D(sK);
     Tensor tVsV = thr_gmem_copy.partition_D(sV);
     load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gK), tKsK, tKVcKV, tKVpKV, keys_left);
-    load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
+    if constexpr (Traits::kOwnHeadDimV) {  // V: (kBlockN, dv), columns < params.dv
+        constexpr int kHeadDimV = Traits::kHeadDimV;
+        Tensor tVcV = thr_gmem_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+        Tensor tVpV = make_col_predicate(tVcV, params.dv);
+        auto [gK_dv, gV_dv] = kv_block_gmem<Element, kBlockN, kHeadDimV>(params, binfo, bidb, bidh_k, col0);
+        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV_dv), tVsV, tVcV, tVpV, keys_left);
+    } else {
+        load_tile_zfill(gmem_copy, thr_gmem_copy.partition_S(gV), tVsV, tKVcKV, tKVpKV, keys_left);
+    }
     cp_async_fence();
 }
 
@@ -214,10 +230,23 @@ __forceinline__ __device__ void bwd_ws_zero_qdo_tail(TensorSQ &sQ, TensorSdO &sd
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kChunks = Traits::kHeadDim / 8;
     const int n = (kBlockM - rows_valid) * kChunks;
-    for (int i = tidx; i < n; i += Traits::kNConsumerThreads) {
-        const int row = rows_valid + i / kChunks, col = (i % kChunks) * 8;
-        *reinterpret_cast<uint4 *>(&sQ(row, col, stage)) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4 *>(&sdO(row, col, stage)) = make_uint4(0, 0, 0, 0);
+    if constexpr (Traits::kOwnHeadDimV) {  // dO at dv: its own loop
+        for (int i = tidx; i < n; i += Traits::kNConsumerThreads) {
+            const int row = rows_valid + i / kChunks, col = (i % kChunks) * 8;
+            *reinterpret_cast<uint4 *>(&sQ(row, col, stage)) = make_uint4(0, 0, 0, 0);
+        }
+        constexpr int kChunksV = Traits::kHeadDimV / 8;
+        const int nv = (kBlockM - rows_valid) * kChunksV;
+        for (int i = tidx; i < nv; i += Traits::kNConsumerThreads) {
+            const int row = rows_valid + i / kChunksV, col = (i % kChunksV) * 8;
+            *reinterpret_cast<uint4 *>(&sdO(row, col, stage)) = make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        for (int i = tidx; i < n; i += Traits::kNConsumerThreads) {
+            const int row = rows_valid + i / kChunks, col = (i % kChunks) * 8;
+            *reinterpret_cast<uint4 *>(&sQ(row, col, stage)) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(&sdO(row, col, stage)) = make_uint4(0, 0, 0, 0);
+        }
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before wgmma (async proxy) reads
     bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);

@@ -62,6 +62,11 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
         SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Step<_2, _1>{})));
     // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
     using SmemLayoutdKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    // V's head dim, and dV's MMA / staging tile (store_dk_dv): d here; the warp-specialised traits
+    // (BwdWsTraitsSm90's kHeadDimV) give them a width of their own.
+    static constexpr int kHeadDimV = kHeadDim;
+    using TiledMmadV = TiledMmadKV;
+    using SmemLayoutdV = SmemLayoutdKV;
 
     static constexpr int kSmemQdOElems = cosize(SmemLayoutQdO{});
     static constexpr int kSmemKVElems = cosize(SmemLayoutKV{});
@@ -116,6 +121,9 @@ struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Elemen
         SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
     // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
     using SmemLayoutdKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    static constexpr int kHeadDimV = kHeadDim;  // no V width of its own (store_dk_dv)
+    using TiledMmadV = TiledMmadKV;
+    using SmemLayoutdV = SmemLayoutdKV;
 };
 
 }  // namespace flash

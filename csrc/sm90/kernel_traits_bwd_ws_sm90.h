@@ -63,8 +63,12 @@ enum class BwdWsBarrier : uint32_t {
 // kBlockM (not split-d, not dropout): query rows per step, 64, or 128 (d64, plain
 // and kMod: FA3's d64 tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64
 // queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
+// kHeadDimV_: V's (and dO's, O's, dV's) head dim where it differs from Q's and K's (DeepSeek MLA:
+// 192 / 128; the plain and kMod kernels, not split-d, not dropout): V and dO tiles, their TMA and
+// dP^T = V dO^T's K extent at kHeadDimV, the dV accumulator and its staging at kHeadDimV; S^T, dK
+// and dQ at kHeadDim. kHeadDimV == kHeadDim: the types (and code) of the one-width kernel.
 template <int kHeadDim_, int kStages_, typename Element_, bool kMod_ = false, bool kDropout_ = false,
-          bool kSplitD_ = false, int kBlockM_ = 64>
+          bool kSplitD_ = false, int kBlockM_ = 64, int kHeadDimV_ = kHeadDim_>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_>,
                                             BwdKernelTraitsSm90<kHeadDim_, kBlockM_, 128, Element_>> {
     // The lock-step traits supply the tiled MMAs, the K / V / dS / dK-dV layouts and the 256-thread
@@ -79,6 +83,11 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     using Base::kBlockN;
     using Base::kHeadDim;
     static_assert(Base::kNWarpgroups == 2);
+    static constexpr int kHeadDimV = kHeadDimV_;
+    static constexpr bool kOwnHeadDimV = kHeadDimV != kHeadDim;
+    static_assert(!kOwnHeadDimV || (!kSplitD_ && !kDropout_),
+                  "a V head dim of its own: the plain and score-modifier kernels (not split-d, not dropout)");
+    static_assert(kHeadDimV % 64 == 0 || !kOwnHeadDimV);
     static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
     static constexpr bool kMod = kMod_;
     static constexpr bool kDropout = kDropout_;
@@ -104,10 +113,51 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
 
     using SmemAtom = GmmaSmemAtomK<Element, kHeadDim>;
     // Q / dO: (kBlockM, d, stage), K-major, one TMA tile per stage; Q^T / dO^T over the same bytes.
+    // (SmemLayoutQdO*: Q's, at kHeadDim; SmemLayoutdO*: dO's, at kHeadDimV, the same types at
+    // kHeadDimV == kHeadDim.)
     using SmemLayoutQdOTile = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     using SmemLayoutQdO = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
     using SmemLayoutQdOt = decltype(composition(
         SmemLayoutQdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+    using SmemAtomV = GmmaSmemAtomK<Element, kHeadDimV>;
+    using SmemLayoutdOTile = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
+    using SmemLayoutdO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
+    using SmemLayoutdOt = decltype(composition(
+        SmemLayoutdO{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+    // K: the base's SW128 tiles, except where each warpgroup's dQ columns (d / 2 = 96 at MLA's
+    // d192) would start inside a 64-column SW128 atom of K^T, the MN-major B operand of dQ = dS K
+    // (not a canonical GMMA layout there): SW64 atoms, 32 columns wide.
+    static constexpr bool kKSw64 = !kSplitD_ && kHeadDim % 64 == 0 && (kHeadDim / Base::kdQWgN) % 64 != 0 &&
+                                   (kHeadDim / Base::kdQWgN) % 32 == 0 && kHeadDim > 128;
+    using SmemLayoutKV = std::conditional_t<
+        kKSw64,
+        decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})),
+        typename Base::SmemLayoutKV>;
+    using SmemLayoutKt = std::conditional_t<
+        kKSw64,
+        decltype(composition(SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}))),
+        typename Base::SmemLayoutKt>;
+    // V: (kBlockN, dv), K-major (the A operand of dP^T = V dO^T).
+    using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
+    // dP^T = V dO^T: (kBlockN, kBlockM) over K extent dv; dV += P^T dO: (kBlockN, dv). At
+    // kHeadDimV == kHeadDim these are the base's TiledMmaSdP / TiledMmadKV.
+    using TiledMmadP = std::conditional_t<
+        kOwnHeadDimV,
+        decltype(make_tiled_mma(
+            GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDimV>>>(),
+            Layout<Shape<_2, _1, _1>>{})),
+        typename Base::TiledMmaSdP>;
+    using TiledMmadV = std::conditional_t<
+        kOwnHeadDimV,
+        decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockM>>,
+                                                     GMMA::Major::K, GMMA::Major::MN>(),
+                                Layout<Shape<_2, _1, _1>>{})),
+        typename Base::TiledMmadKV>;
+    // dV's staging tile (store_dk_dv), after dK's.
+    using SmemLayoutdV = std::conditional_t<
+        kOwnHeadDimV,
+        decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{})),
+        typename Base::SmemLayoutdKV>;
     // dS (m, n, buffer), two buffers: a warpgroup writes block i + 1's dS^T while the other may
     // still run block i's dQ = dS K, so one barrier per query block suffices (see the kernel).
     static constexpr int kdSBuffers = 2;
@@ -140,10 +190,14 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
                                                Stride<_1>{}));
     using TmaQdO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQdOTile{},
                                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+    // dO's (kBlockM, dv) tiles: TmaQdO itself at kHeadDimV == kHeadDim.
+    using TmadO = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutdOTile{},
+                                         Shape<Int<kBlockM>, Int<kHeadDimV>>{}, _1{}));
     using TmaRow = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorRow{}, SmemLayoutRowTile{}, Shape<Int<kRowBox>>{},
                                           _1{}));
     // Bytes landing per stage; a TMA box counts in full, zero-filled parts included.
-    static constexpr uint32_t kStageBytes = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kRowBox * sizeof(float);
+    static constexpr uint32_t kStageBytes =
+        kBlockM * (kHeadDim + kHeadDimV) * sizeof(Element) + 2 * kRowBox * sizeof(float);
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using PipelineState = typename Pipeline::PipelineState;
@@ -152,41 +206,47 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     // they are added to (one contiguous 1-D bulk reduce per tile); with params.dq_accum_swizzled
     // (always, for the d64 / d128 kernels) float c of row r sits at c ^ (8 (r % 4)) in
     // both, which makes the consumers' float2 stores conflict-free (see bwd_ws_dq_to_smem) and which
-    // the dQ conversion undoes. Double-buffered: the consumers
-    // fill one while the writer's reduce still reads the other. The d128 dropout kernel keeps one
-    // (the two flag buffers take its place: 226 KB otherwise + 16 KB): the writer has read the
-    // tile long before the consumers finish the next block's five GEMMs.
-    static constexpr int kdQBuffers = kDropout && kHeadDim == 128 ? 1 : 2;
-    using SmemLayoutdQ = Layout<Shape<Int<kBlockM>, Int<kHeadDim>, Int<kdQBuffers>>,
-                                Stride<Int<kHeadDim>, _1, Int<kBlockM * kHeadDim>>>;
-    static constexpr uint32_t kdQTileBytes = kBlockM * kHeadDim * sizeof(float);
-    static constexpr int kNdQSyncThreads = kNConsumerThreads + 32;  // consumers + the writer warp
-
+    // the dQ conversion undoes. Double-buffered where that fits (kdQBuffers): the consumers
+    // fill one while the writer's reduce still reads the other.
     struct SharedStoragePlain {
         // Q, dO, K and V first and contiguous: the dK / dV staging of the epilogue reuses them.
         cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_q;
-        cute::array_aligned<Element, cosize_v<SmemLayoutQdO>, 1024> smem_do;
-        cute::array_aligned<Element, cosize_v<typename Base::SmemLayoutKV>, 1024> smem_k;
-        cute::array_aligned<Element, cosize_v<typename Base::SmemLayoutKV>, 1024> smem_v;
+        cute::array_aligned<Element, cosize_v<SmemLayoutdO>, 1024> smem_do;
+        cute::array_aligned<Element, cosize_v<SmemLayoutKV>, 1024> smem_k;
+        cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> smem_v;
         cute::array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> smem_ds;
         cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_lse;  // TMA: 128-byte aligned boxes
         cute::array_aligned<float, cosize_v<SmemLayoutRow>, 128> smem_dsum;
         typename Pipeline::SharedStorage pipeline;
     };
-    struct SharedStorageDqBuffers : SharedStoragePlain {
-        cute::array_aligned<float, cosize_v<SmemLayoutdQ>, 128> smem_dq;  // bulk copies: 16-byte aligned
-    };
     // Dropout keep flags (kDropout): layout 2 of dropout_sm90.h, one byte per element of the
     // 64 x 128 tile (2048 words) per buffer; LDS.128 / STS.64: 16-byte aligned.
     static constexpr int kDropFlagBuffers = 2;
     static constexpr int kDropFlagWords = kBlockM * kBlockN / 4;
-    struct SharedStorageDropout : SharedStorageDqBuffers {
+    template <int kBuffers>
+    struct SharedStorageDqBuffersN : SharedStoragePlain {
+        cute::array_aligned<float, kBuffers * kBlockM * kHeadDim, 128> smem_dq;  // bulk copies: 16-byte aligned
+    };
+    template <int kBuffers>
+    struct SharedStorageDropoutN : SharedStorageDqBuffersN<kBuffers> {
         cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
         // kDropoutInProducer: buffer b is full (the producer warps' kDropProducerThreads arrivals)
         // / empty (the consumer threads' arrivals after their last read of its flags).
         alignas(8) uint64_t drop_full[kDropFlagBuffers];
         alignas(8) uint64_t drop_empty[kDropFlagBuffers];
     };
+    template <int kBuffers>
+    using SharedStorageDqN = std::conditional_t<kDropout, SharedStorageDropoutN<kBuffers>, SharedStorageDqBuffersN<kBuffers>>;
+    // Two dQ buffers where they fit, else one: the d128 dropout kernel keeps one (the two flag
+    // buffers take its place: 226 KB otherwise + 16 KB), and so does a wider Q (MLA's d192): the
+    // writer has read the tile long before the consumers finish the next block's five GEMMs.
+    static constexpr int kdQBuffers = sizeof(SharedStorageDqN<2>) <= 227 * 1024 ? 2 : 1;
+    using SmemLayoutdQ = Layout<Shape<Int<kBlockM>, Int<kHeadDim>, Int<kdQBuffers>>,
+                                Stride<Int<kHeadDim>, _1, Int<kBlockM * kHeadDim>>>;
+    static constexpr uint32_t kdQTileBytes = kBlockM * kHeadDim * sizeof(float);
+    static constexpr int kNdQSyncThreads = kNConsumerThreads + 32;  // consumers + the writer warp
+    using SharedStorageDqBuffers = SharedStorageDqBuffersN<kdQBuffers>;
+    using SharedStorageDropout = SharedStorageDropoutN<kdQBuffers>;
     // kSplitD: P^T beside dS^T (same layout; two buffers, one with dropout, whose two
     // 4 KB flag buffers would not fit next to a second one: 224 KB + 8 KB > 227 KB).
     static constexpr int kPBuffers = kDropout ? 1 : 2;
@@ -205,8 +265,9 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
         std::conditional_t<kDropout, SharedStorageDropout, SharedStorageDqBuffers>>;
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
-    static_assert(2 * cosize(typename Base::SmemLayoutdKV{}) <=
-                  2 * cosize(SmemLayoutQdO{}) + 2 * cosize(typename Base::SmemLayoutKV{}));
+    static_assert(cosize(typename Base::SmemLayoutdKV{}) + cosize(SmemLayoutdV{}) <=
+                  cosize(SmemLayoutQdO{}) + cosize(SmemLayoutdO{}) + cosize(SmemLayoutKV{}) +
+                      cosize(SmemLayoutV{}));
 };
 
 // Kernel arguments: the plain parameters plus the TMA descriptors (grid constants: TMA reads the
@@ -215,7 +276,7 @@ template <typename Traits>
 struct BwdWsKernelParams {
     BwdParams p;
     typename Traits::TmaQdO tma_q;
-    typename Traits::TmaQdO tma_do;
+    typename Traits::TmadO tma_do;  // TmaQdO but for a V head dim of its own
     typename Traits::TmaRow tma_lse;
     typename Traits::TmaRow tma_dsum;
     typename Traits::GmemShape shape_q;
