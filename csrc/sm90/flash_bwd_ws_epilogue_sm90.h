@@ -195,10 +195,22 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
     }
 }
 
+// ---- split-d: where rows 32-63 of the fp32 dQ tile of a stage go --------------------------------
+// The dO stage (as wide as the Q stage at dv == d), or with a V head dim of its own (narrower dO)
+// the stage's half of smem_dq_hi.
+template <typename Traits>
+__forceinline__ __device__ float *bwd_ws_dq_hi_stages(typename Traits::SharedStorage &ss) {
+    if constexpr (Traits::kOwnHeadDimV) {
+        return ss.smem_dq_hi.data();
+    } else {
+        return reinterpret_cast<float *>(ss.smem_do.data());
+    }
+}
+
 // ---- split-d dQ writer: warp 1 of the producer warpgroup -----------------------------------------
 // Head dim 256 has no room for a dQ buffer (two stages of Q / dO, K, V, P^T / dS^T: 224 KB). So a
 // query block's Q / dO stage, once every GEMM that reads it has completed, holds its fp32 dQ tile
-// (rows 0-31 over Q, 32-63 over dO, 32 KB each, 8-float groups XOR-swizzled by row % 4 so that
+// (rows 0-31 over Q, 32-63 over dO, 32 KB each (a V head dim of its own: over smem_dq_hi), 8-float groups XOR-swizzled by row % 4 so that
 // the consumers' stores are conflict-free; the conversion undoes it:
 // BwdParams::dq_accum_swizzled), and this warp adds it into dq_accum with two bulk reduces and
 // hands the stage back to the producer once they have read it (the consumers do not release it).
@@ -227,7 +239,7 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
             float *dst = dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim;
             Sm90BulkReduceAddF32::copy(reinterpret_cast<float const *>(ss.smem_q.data()) + stage * kHalfFloats, dst,
                                        kHalfFloats * sizeof(float));
-            Sm90BulkReduceAddF32::copy(reinterpret_cast<float const *>(ss.smem_do.data()) + stage * kHalfFloats,
+            Sm90BulkReduceAddF32::copy(bwd_ws_dq_hi_stages<Traits>(ss) + stage * kHalfFloats,
                                        dst + kHalfFloats, kHalfFloats * sizeof(float));
             cute::tma_store_arrive();
             cute::tma_store_wait<0>();  // the stage has been read: the producer may refill it
@@ -306,7 +318,7 @@ __forceinline__ __device__ void bwd_ws_dq_to_stage(typename Traits::SharedStorag
     constexpr int kHeadDim = Traits::kHeadDim;
     bwd_ws_consumer_sync(BwdWsBarrier::kConsumers);
     float *half0 = reinterpret_cast<float *>(ss.smem_q.data()) + stage * (kBlockM / 2 * kHeadDim);
-    float *half1 = reinterpret_cast<float *>(ss.smem_do.data()) + stage * (kBlockM / 2 * kHeadDim);
+    float *half1 = bwd_ws_dq_hi_stages<Traits>(ss) + stage * (kBlockM / 2 * kHeadDim);
     // A thread's rows are r0 and r0 + 8 (wgmma accumulators: warp w of a warpgroup holds
     // rows 16 w .. 16 w + 15), so one half and one swizzle: the 8-float groups of a row
     // are XOR-permuted by (row % 4) (float index c -> c ^ (8 (row % 4))), which spreads a

@@ -142,7 +142,7 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     auto [tPsPt, tdVrPt, tdKrdSt] = [&]() {
         if constexpr (Traits::kSplitD) {
             Tensor sPt = make_tensor(make_smem_ptr(ss.smem_p.data()), typename Traits::SmemLayoutPt{});
-            return cute::make_tuple(thr_mma_sdp.partition_C(sPt), thr_mma_dkv.partition_fragment_A(sPt),
+            return cute::make_tuple(thr_mma_sdp.partition_C(sPt), thr_mma_dv.partition_fragment_A(sPt),
                                     thr_mma_dkv.partition_fragment_A(sdSt));
         } else {
             return cute::make_tuple(0, 0, 0);

@@ -81,9 +81,10 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
 };
 
 // The split-d tiles of the warp-specialised backward at head dim 256 (kernel_traits_bwd_ws_sm90.h,
-// kSplitD): one CTA owns 64 keys and both warpgroups work on all of them. dK / dV (64 x 256 fp32)
-// would not fit one warpgroup's registers, so the warpgroups split the head dim: warpgroup w owns
-// columns [128 w, 128 w + 128) of dK, dV and dQ. S^T / dP^T are split by queries (FA3's split:
+// kSplitD; also MLA's 192 / 128 there, with dV's own width): one CTA owns 64 keys and both
+// warpgroups work on all of them. dK / dV (64 x 256 fp32) would not fit one warpgroup's registers,
+// so the warpgroups split the head dim: warpgroup w owns columns [d/2 w, d/2 (w + 1)) of dK, dV
+// and dQ. S^T / dP^T are split by queries (FA3's split:
 // warpgroup w on queries [32 w, 32 w + 32)), P^T and dS^T go through shared memory (both halves),
 // and dV / dK read their A operand from there (SS).
 template <int kHeadDim_, typename Element_>
@@ -93,7 +94,9 @@ struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Elemen
     using Base::kBlockM;
     using Base::kBlockN;
     using Base::kHeadDim;
-    static_assert(kHeadDim % 128 == 0);
+    // Each warpgroup's half starts at a multiple of 32 columns (d192: 96, on SW64 atoms, see
+    // BwdWsTraitsSm90::kKSw64).
+    static_assert(kHeadDim % 64 == 0);
     static constexpr int kNWarpgroups = 2;
     static constexpr int kStages = 2;
 
@@ -121,7 +124,8 @@ struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Elemen
         SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
     // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
     using SmemLayoutdKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-    static constexpr int kHeadDimV = kHeadDim;  // no V width of its own (store_dk_dv)
+    // No V width of its own here (store_dk_dv); BwdWsTraitsSm90 overrides these for one.
+    static constexpr int kHeadDimV = kHeadDim;
     using TiledMmadV = TiledMmadKV;
     using SmemLayoutdV = SmemLayoutdKV;
 };

@@ -64,9 +64,13 @@ enum class BwdWsBarrier : uint32_t {
 // and kMod: FA3's d64 tiles; each consumer warpgroup's S^T / dP^T is 64 keys x 128 queries, dQ 64
 // queries x d; deterministic calls count one counter per 128-row block, in the same buffer).
 // kHeadDimV_: V's (and dO's, O's, dV's) head dim where it differs from Q's and K's (DeepSeek MLA:
-// 192 / 128; the plain and kMod kernels, not split-d, not dropout): V and dO tiles, their TMA and
-// dP^T = V dO^T's K extent at kHeadDimV, the dV accumulator and its staging at kHeadDimV; S^T, dK
-// and dQ at kHeadDim. kHeadDimV == kHeadDim: the types (and code) of the one-width kernel.
+// 192 / 128; the plain and kMod kernels, split-d or not, not dropout): V and dO tiles, their TMA
+// and dP^T = V dO^T's K extent at kHeadDimV, the dV accumulator and its staging at kHeadDimV; S^T,
+// dK and dQ at kHeadDim. kHeadDimV == kHeadDim: the types (and code) of the one-width kernel.
+// Split-d with its own dv (192 / 128: each warpgroup owns dK 64 x 96 and dV 64 x 64): Q and K on
+// SW64 atoms (kKSw64: the warpgroups' d / 2 = 96 column halves of Q^T and K^T, the MN-major B
+// operands of dK and dQ, start on an atom), and the dQ tile's rows 32-63 go to a buffer of their
+// own (smem_dq_hi, one per stage) instead of the narrower dO stage.
 template <int kHeadDim_, int kStages_, typename Element_, bool kMod_ = false, bool kDropout_ = false,
           bool kSplitD_ = false, int kBlockM_ = 64, int kHeadDimV_ = kHeadDim_>
 struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<kHeadDim_, Element_>,
@@ -85,8 +89,10 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     static_assert(Base::kNWarpgroups == 2);
     static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr bool kOwnHeadDimV = kHeadDimV != kHeadDim;
-    static_assert(!kOwnHeadDimV || (!kSplitD_ && !kDropout_),
-                  "a V head dim of its own: the plain and score-modifier kernels (not split-d, not dropout)");
+    static_assert(!kOwnHeadDimV || !kDropout_,
+                  "a V head dim of its own: the plain and score-modifier kernels (not dropout)");
+    static_assert(!kOwnHeadDimV || !kSplitD_ || (kHeadDimV / 2) % 32 == 0,
+                  "split-d: each warpgroup's dV columns start at a multiple of 32");
     static_assert(kHeadDimV % 64 == 0 || !kOwnHeadDimV);
     static constexpr int kStages = kStages_;  // query blocks in flight in the Q / dO / LSE / softmax_d ring
     static constexpr bool kMod = kMod_;
@@ -111,7 +117,15 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     static constexpr int kConsumerRegs = 240;
     static_assert(128 * kProducerRegs + kNConsumerThreads * kConsumerRegs <= (128 + kNConsumerThreads) * 168);
 
-    using SmemAtom = GmmaSmemAtomK<Element, kHeadDim>;
+    // K: the base's SW128 tiles, except where each warpgroup's dQ columns (d / 2 = 96 at MLA's
+    // d192) would start inside a 64-column SW128 atom of K^T, the MN-major B operand of dQ = dS K
+    // (not a canonical GMMA layout there): SW64 atoms, 32 columns wide. Split-d: Q too (the dK
+    // columns, halves of Q^T); dO where dV's halves (dv / 2) would (not at dv 128).
+    static constexpr bool kKSw64 = kHeadDim % 64 == 0 && (kHeadDim / Base::kdQWgN) % 64 != 0 &&
+                                   (kHeadDim / Base::kdQWgN) % 32 == 0 && kHeadDim > 128;
+    static constexpr bool kQSw64 = kSplitD_ && kKSw64;
+    static constexpr bool kdOSw64 = kSplitD_ && kHeadDimV % 64 == 0 && (kHeadDimV / 2) % 64 != 0;
+    using SmemAtom = std::conditional_t<kQSw64, GMMA::Layout_K_SW64_Atom<Element>, GmmaSmemAtomK<Element, kHeadDim>>;
     // Q / dO: (kBlockM, d, stage), K-major, one TMA tile per stage; Q^T / dO^T over the same bytes.
     // (SmemLayoutQdO*: Q's, at kHeadDim; SmemLayoutdO*: dO's, at kHeadDimV, the same types at
     // kHeadDimV == kHeadDim.)
@@ -119,16 +133,11 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     using SmemLayoutQdO = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
     using SmemLayoutQdOt = decltype(composition(
         SmemLayoutQdO{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-    using SmemAtomV = GmmaSmemAtomK<Element, kHeadDimV>;
+    using SmemAtomV = std::conditional_t<kdOSw64, GMMA::Layout_K_SW64_Atom<Element>, GmmaSmemAtomK<Element, kHeadDimV>>;
     using SmemLayoutdOTile = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
     using SmemLayoutdO = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockM>, Int<kHeadDimV>, Int<kStages>>{}));
     using SmemLayoutdOt = decltype(composition(
         SmemLayoutdO{}, make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockM>, Int<kStages>>{}, Step<_2, _1, _3>{})));
-    // K: the base's SW128 tiles, except where each warpgroup's dQ columns (d / 2 = 96 at MLA's
-    // d192) would start inside a 64-column SW128 atom of K^T, the MN-major B operand of dQ = dS K
-    // (not a canonical GMMA layout there): SW64 atoms, 32 columns wide.
-    static constexpr bool kKSw64 = !kSplitD_ && kHeadDim % 64 == 0 && (kHeadDim / Base::kdQWgN) % 64 != 0 &&
-                                   (kHeadDim / Base::kdQWgN) % 32 == 0 && kHeadDim > 128;
     using SmemLayoutKV = std::conditional_t<
         kKSw64,
         decltype(tile_to_shape(GMMA::Layout_K_SW64_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})),
@@ -140,24 +149,37 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     // V: (kBlockN, dv), K-major (the A operand of dP^T = V dO^T).
     using SmemLayoutV = decltype(tile_to_shape(SmemAtomV{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
     // dP^T = V dO^T: (kBlockN, kBlockM) over K extent dv; dV += P^T dO: (kBlockN, dv). At
-    // kHeadDimV == kHeadDim these are the base's TiledMmaSdP / TiledMmadKV.
-    using TiledMmadP = std::conditional_t<
-        kOwnHeadDimV,
+    // kHeadDimV == kHeadDim these are the base's TiledMmaSdP / TiledMmadKV. Split-d: the base's
+    // forms (queries split for dP^T; dV's columns split, P^T from shared memory) at dv.
+    using TiledMmadPOwn = std::conditional_t<
+        kSplitD_,
+        decltype(make_tiled_mma(
+            GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM / 2>, Int<kHeadDimV>>>(),
+            Layout<Shape<_1, _2, _1>>{})),
         decltype(make_tiled_mma(
             GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDimV>>>(),
-            Layout<Shape<_2, _1, _1>>{})),
-        typename Base::TiledMmaSdP>;
-    using TiledMmadV = std::conditional_t<
-        kOwnHeadDimV,
+            Layout<Shape<_2, _1, _1>>{}))>;
+    using TiledMmadVOwn = std::conditional_t<
+        kSplitD_,
+        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV / 2>, Int<kBlockM>>,
+                                                     GMMA::Major::K, GMMA::Major::MN>(),
+                                Layout<Shape<_1, _2, _1>>{})),
         decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockM>>,
                                                      GMMA::Major::K, GMMA::Major::MN>(),
-                                Layout<Shape<_2, _1, _1>>{})),
-        typename Base::TiledMmadKV>;
-    // dV's staging tile (store_dk_dv), after dK's.
-    using SmemLayoutdV = std::conditional_t<
-        kOwnHeadDimV,
-        decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{})),
-        typename Base::SmemLayoutdKV>;
+                                Layout<Shape<_2, _1, _1>>{}))>;
+    using TiledMmadP = std::conditional_t<kOwnHeadDimV, TiledMmadPOwn, typename Base::TiledMmaSdP>;
+    using TiledMmadV = std::conditional_t<kOwnHeadDimV, TiledMmadVOwn, typename Base::TiledMmadKV>;
+    // dK's and dV's staging tiles (store_dk_dv), dV's after dK's. Split-d, where a warpgroup's
+    // half (d / 2 = 96) starts inside the base's 64-column atom: 32-column atoms (Swizzle<2, 3, 3>),
+    // as the accumulator-to-shared copy's column partition needs.
+    using SmemLayoutAtom32 = decltype(composition(Swizzle<2, 3, 3>{}, Layout<Shape<_8, _32>, Stride<_32, _1>>{}));
+    template <int kCols>
+    using SmemLayoutStage = decltype(tile_to_shape(
+        std::conditional_t<kSplitD_ && (kCols / 2) % 64 != 0, SmemLayoutAtom32, typename Base::SmemLayoutAtom>{},
+        Shape<Int<kBlockN>, Int<kCols>>{}));
+    using SmemLayoutdKV = std::conditional_t<kSplitD_ && (kHeadDim / 2) % 64 != 0, SmemLayoutStage<kHeadDim>,
+                                             typename Base::SmemLayoutdKV>;
+    using SmemLayoutdV = std::conditional_t<kOwnHeadDimV, SmemLayoutStage<kHeadDimV>, SmemLayoutdKV>;
     // dS (m, n, buffer), two buffers: a warpgroup writes block i + 1's dS^T while the other may
     // still run block i's dQ = dS K, so one barrier per query block suffices (see the kernel).
     static constexpr int kdSBuffers = 2;
@@ -260,12 +282,19 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     struct SharedStorageSplitDDropout : SharedStorageSplitD {
         cute::array_aligned<uint32_t, kDropFlagBuffers * kDropFlagWords, 128> smem_drop_flags;
     };
+    // Split-d with its own dv: rows 32-63 of each stage's fp32 dQ tile (rows 0-31 fill the Q
+    // stage exactly, the dO stage is too narrow), bulk-copy source: 16-byte aligned.
+    static constexpr int kdQHalfFloats = kBlockM / 2 * kHeadDim;
+    struct SharedStorageSplitDdQHi : SharedStorageSplitD {
+        cute::array_aligned<float, kStages * kdQHalfFloats, 128> smem_dq_hi;
+    };
+    using SharedStorageSplitDNoDrop = std::conditional_t<kOwnHeadDimV, SharedStorageSplitDdQHi, SharedStorageSplitD>;
     using SharedStorage = std::conditional_t<
-        kSplitD, std::conditional_t<kDropout, SharedStorageSplitDDropout, SharedStorageSplitD>,
+        kSplitD, std::conditional_t<kDropout, SharedStorageSplitDDropout, SharedStorageSplitDNoDrop>,
         std::conditional_t<kDropout, SharedStorageDropout, SharedStorageDqBuffers>>;
     static constexpr int kSmemSize = sizeof(SharedStorage);
     static_assert(kSmemSize <= 227 * 1024, "shared memory of the sm_90a backward (warp-specialised) too large");
-    static_assert(cosize(typename Base::SmemLayoutdKV{}) + cosize(SmemLayoutdV{}) <=
+    static_assert(cosize(SmemLayoutdKV{}) + cosize(SmemLayoutdV{}) <=
                   cosize(SmemLayoutQdO{}) + cosize(SmemLayoutdO{}) + cosize(SmemLayoutKV{}) +
                       cosize(SmemLayoutV{}));
 };
