@@ -141,6 +141,10 @@ def kernel_sources(archs, head_dims, dtypes):
                 # The warp-specialised forward with a V head dim of its own: Q / K 192 with V 128
                 # (DeepSeek MLA), Q / K 128 with V 64.
                 sources.append(f"csrc/instantiations/flash_fwd_ws_sm90_hdim{d}x{d // 2 if d == 128 else 128}_{dt}.cu")
+            if sm90 and d == 192:
+                # The warp-specialised backward with a V head dim of its own: Q / K 192 with V 128
+                # on the split-d kernel, plain and softcap / ALiBi / deterministic calls.
+                sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim192x128_{dt}.cu")
             defines.append(f"-DFLASH_ATTN_BUILT_{dt}_{d}")
     return sources, defines
 

@@ -197,16 +197,38 @@ def _forward_takes_head_dim_v(q, v):
         return False
 
 
-def pad_qkv(q, k, v, names=("q", "k", "v"), keep_v=False):
+def _backward_takes_head_dim_v(q, v, dropout_p):
+    """Whether the backward kernel call (dense, or varlen without deterministic) should get v, out,
+    dout and dv at v's own head dim:
+    where the extension takes them (bwd_takes_head_dim_v) and its kernel with that V width serves
+    the call: the sm_90a warp-specialised split-d backward (csrc/dispatch/flash_bwd_ws_launch_sm90.h,
+    run_mha_bwd_ws_sm90_head_dim_v) at q / k head dims 129-192 (tile 192) with v's a multiple of 8
+    up to 128, without dropout, on a compute capability 9.0 device. Elsewhere the tensors are
+    padded here as before (the binding would pad them itself: same cost, one more copy path)."""
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    if not (q.is_cuda and dropout_p == 0.0 and d_v < d_qk and 128 < d_qk <= 192 and d_qk % 8 == 0
+            and d_v % 8 == 0 and d_v <= 128):
+        return False
+    try:
+        ext = _get_ext()
+    except ImportError:
+        return False
+    if not getattr(ext, "bwd_takes_head_dim_v", False):
+        return False
+    return torch.cuda.get_device_capability(q.device) == (9, 0)
+
+
+def pad_qkv(q, k, v, names=("q", "k", "v"), keep_v=False, takes_head_dim_v=None):
     """(q, k, v) at kernel_head_dim: the tensors themselves when the head dims of q and v are
     equal and a multiple of 8 (the callers that pad already pay nothing more), else padded
     copies, after check_head_dims (padding must not hide a k whose head dim is not q's).
-    keep_v (the forwards without pages): v keeps a smaller head dim where the kernel call takes it."""
+    keep_v (the forwards without pages): v keeps a smaller head dim where the kernel call takes it
+    (takes_head_dim_v(q, v): by default _forward_takes_head_dim_v)."""
     d = kernel_head_dim(q.shape[-1], v.shape[-1])
     if q.shape[-1] == v.shape[-1] == d:
         return q, k, v
     check_head_dims(q, k, v, names)
-    if keep_v and _forward_takes_head_dim_v(q, v):
+    if keep_v and (takes_head_dim_v or _forward_takes_head_dim_v)(q, v):
         return q, k, v
     return pad_head_dim(q, d), pad_head_dim(k, d), pad_head_dim(v, d)
 
@@ -217,12 +239,16 @@ def out_at_head_dim(out, head_dim_v):
     return out if out.shape[-1] == head_dim_v else out[..., :head_dim_v].contiguous()
 
 
-def grads_at_kernel_head_dim(dout, q, k, v, out, dq, dk, dv):
+def grads_at_kernel_head_dim(dout, q, k, v, out, dq, dk, dv, dropout_p=None):
     """The backward ops' tensors at kernel_head_dim (see pad_qkv): (dout, q, k, v, out, grads),
     grads the buffers for the kernel to write dq, dk, dv into: the given ones where the kernel
-    runs at their head dim, else new ones, which copy_grads_back writes back."""
+    runs at their head dim, else new ones, which copy_grads_back writes back.
+    dropout_p (None: always pad): v, out, dout and dv keep v's head dim where the
+    backward kernel takes it (_backward_takes_head_dim_v)."""
     grads = [dq, dk, dv]
-    q_p, k_p, v_p = pad_qkv(q, k, v)
+    keep_v = dropout_p is not None and out.shape[-1] == v.shape[-1] and dout.shape[-1] == v.shape[-1]
+    q_p, k_p, v_p = pad_qkv(q, k, v, keep_v=keep_v,
+                            takes_head_dim_v=lambda q_, v_: _backward_takes_head_dim_v(q_, v_, dropout_p))
     d = q_p.shape[-1]
     if q_p is q and v_p is v:
         return dout, q, k, v, out, grads

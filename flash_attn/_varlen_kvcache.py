@@ -318,8 +318,11 @@ def _flash_attn_varlen_backward(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv); head dims as
     # the forward's (see _common.grads_at_kernel_head_dim).
+    # v, out, dout, dv at v's head dim where the backward kernel takes it (MLA 192 / 128, sm_90a;
+    # not deterministic: the varlen deterministic mode is not on that kernel).
     dout, q, k, v, out, grads = _common.grads_at_kernel_head_dim(
-        *[maybe_contiguous(x) for x in (dout, q, k, v, out)], dq, dk, dv)
+        *[maybe_contiguous(x) for x in (dout, q, k, v, out)], dq, dk, dv,
+        dropout_p=None if deterministic else dropout_p)
     causal, wl, wr = _varlen_window(causal, window_size_left, window_size_right, max_seqlen_q,
                                     alibi_slopes is not None)
     ext = _ext_for(q)

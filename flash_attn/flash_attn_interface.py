@@ -349,8 +349,9 @@ def _flash_attn_backward_impl(
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
     _common.check_rng_state(dropout_p, rng_state)
     # dq, dk, dv are written in place (they may be strided views, e.g. into dqkv).
+    # v, out, dout, dv at v's head dim where the backward kernel takes it (MLA 192 / 128, sm_90a).
     dout, q, k, v, out, grads = _common.grads_at_kernel_head_dim(
-        *[maybe_contiguous(x) for x in (dout, q, k, v, out)], dq, dk, dv)
+        *[maybe_contiguous(x) for x in (dout, q, k, v, out)], dq, dk, dv, dropout_p=dropout_p)
     ext = _ext_for(q)
     # As the forward: the kernel differentiates w.r.t. q', and dq follows from dq' (fix_dq).
     q, softmax_scale, sign = _kernel_q_and_scale(q, softmax_scale)

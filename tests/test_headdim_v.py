@@ -1,6 +1,8 @@
 """GPU tests of a v head dim other than q's and k's (DeepSeek MLA prefill: q/k 192, v 128; also
 v smaller or larger than q/k), through flash_attn_func, flash_attn_varlen_func, the private ops
-and torch.compile.  The kernels run at the larger head dim on zero-padded copies.
+and torch.compile.  The kernels run at the larger head dim on zero-padded copies, but for
+kernels with a V head dim of their own on sm_90a: the forward at (192, 128) and (128, 64), the
+dense backward at (192, 128) (the warp-specialised split-d kernel; test_backward_head_dim_v_kernel).
 
 The error rule (fa_test_utils): out, dq, dk, dv within 2x the low-precision naive error against
 the fp32 naive reference (+ tiny slack), 3x for the gradients with the features (softcap, window,
@@ -14,7 +16,8 @@ import flash_attn.flash_attn_interface as fi
 from flash_attn import _common, flash_attn_func, flash_attn_varlen_func
 
 from fa_test_utils import (GRAD_SLACK, LSE_ATOL, LSE_RTOL, OUT_SLACK, assert_close_to_ref,
-                           check_against_ref, cu_seqlens, require_config)
+                           check_against_ref, cu_seqlens, debug_kernel, max_err, ref_fwd_bwd,
+                           require_config)
 
 pytestmark = pytest.mark.gpu
 
@@ -94,6 +97,76 @@ def test_varlen(dtype, d_qk, d_v, causal):
     torch.testing.assert_close(lse[seen], lse_ref[seen], atol=LSE_ATOL, rtol=LSE_RTOL)
     for name, g, r, g_lp in zip(("dq", "dk", "dv"), grads, grads_ref, grads_lp):
         assert_close_to_ref(name, g, r, g_lp, GRAD_SLACK)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("feat", [dict(), dict(softcap=8.0), dict(deterministic=True),
+                                  dict(window_size=(100, 30))],
+                         ids=["plain", "softcap", "deterministic", "window"])
+def test_backward_head_dim_v_kernel(dtype, causal, feat):
+    """(192, 128) on sm_90a: the dense backward runs the split-d kernel with a V head dim of its
+    own (v, out, dout and dv at 128; _common._backward_takes_head_dim_v). Its gradients within the
+    2x rule (3x with softcap, as the feature tests) of the fp32 reference, and as close to the
+    padded backward's (v / out / dout zero-padded to 192: the tile-192 kernels, run by the
+    binding's own fallback under bwd_lockstep) as the low-precision reference is to fp32."""
+    d_qk, d_v = 192, 128
+    _require(dtype, d_qk, d_v)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the backward with a V head dim of its own is an sm_90a kernel")
+    b, sq, sk, h, hk = 2, 300, 517, 6, 2
+    q, k, v = _leaves((b, sq, h, d_qk), (b, sk, hk, d_qk), (b, sk, hk, d_v), dtype=dtype)
+    assert _common._backward_takes_head_dim_v(q, v, 0.0)
+    assert not _common._backward_takes_head_dim_v(q, v, 0.1)
+    det = feat.get("deterministic", False)
+    ref_feat = {key: val for key, val in feat.items() if key != "deterministic"}
+    out = flash_attn_func(q, k, v, causal=causal, **feat)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    # The padded backward: the same call with the WS kernels off (the binding pads v / out / dout).
+    with debug_kernel("bwd_lockstep", 1):
+        grads_pad = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    factor = 3 if "softcap" in feat else 2
+    (_, _, *grads_ref), (_, *grads_lp) = ref_fwd_bwd(q, k, v, dout, causal, **ref_feat)
+    for name, g, g_pad, r, g_lp in zip(("dq", "dk", "dv"), grads, grads_pad, grads_ref, grads_lp):
+        assert g.shape == r.shape and g_pad.shape == r.shape
+        assert_close_to_ref(name, g, r, g_lp, GRAD_SLACK, factor)
+        assert_close_to_ref(name + " (padded)", g_pad, r, g_lp, GRAD_SLACK, factor)
+        assert max_err(g, g_pad) <= factor * max_err(g_lp, r) + GRAD_SLACK, name
+    if det:  # deterministic: bit-identical on a second run
+        grads2 = torch.autograd.grad(out, (q, k, v), dout)
+        for name, g, g2 in zip(("dq", "dk", "dv"), grads, grads2):
+            assert torch.equal(g, g2), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward_head_dim_v_kernel(dtype, causal):
+    """As test_backward_head_dim_v_kernel through flash_attn_varlen_func (packed rows, an empty
+    and a one-row sequence): the split-d kernel's gradients within the 2x rule and as close to
+    the binding's padded fallback (bwd_lockstep) as the low-precision reference is to fp32."""
+    from test_varlen_kvcache import varlen_ref
+
+    d_qk, d_v = 192, 128
+    _require(dtype, d_qk, d_v)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the backward with a V head dim of its own is an sm_90a kernel")
+    q, k, v, cu_q, cu_k, mq, mk = _varlen_case(dtype, d_qk, d_v)
+    assert _common._backward_takes_head_dim_v(q, v, 0.0)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    with debug_kernel("bwd_lockstep", 1):
+        grads_pad = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    scale = d_qk ** -0.5
+    ref, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, (-1, -1), scale, True)
+    grads_ref = torch.autograd.grad(ref, (q, k, v), dout)
+    lp, _ = varlen_ref(q, k, v, cu_q, cu_k, causal, (-1, -1), scale, False)
+    grads_lp = torch.autograd.grad(lp, (q, k, v), dout)
+    for name, g, g_pad, r, g_lp in zip(("dq", "dk", "dv"), grads, grads_pad, grads_ref, grads_lp):
+        assert_close_to_ref(name, g, r, g_lp, GRAD_SLACK)
+        assert_close_to_ref(name + " (padded)", g_pad, r, g_lp, GRAD_SLACK)
+        assert max_err(g, g_pad) <= 2 * max_err(g_lp, r) + GRAD_SLACK, name
 
 
 @pytest.mark.parametrize("d_qk, d_v", HEAD_DIMS, ids=HEAD_DIM_IDS)

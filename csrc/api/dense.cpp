@@ -76,15 +76,18 @@ static std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor
                                        bool deterministic, int64_t window_left, int64_t window_right, double softcap,
                                        std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                        std::optional<at::Tensor> rng_state) {
-    check_qkv_shapes(q, k, v);
+    // v may be narrower than q / k (head_dim_v); out, dout and dv then have v's head dim.
+    check_qkv_shapes(q, k, v, /*head_dim_v=*/true);
     check_dropout(p_dropout, softcap);
     check_rng_state(p_dropout, rng_state, q);
     check_tensor(out, "out", q);
     check_tensor(dout, "dout", q);
-    FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
-                q.sizes());
+    const std::vector<int64_t> o_shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+    FLASH_CHECK(out.sizes() == at::IntArrayRef(o_shape) && dout.sizes() == at::IntArrayRef(o_shape),
+                "flash_attn: out and dout must have q's shape with v's head dim ", at::IntArrayRef(o_shape));
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t b = q.size(0), sq = q.size(1), h = q.size(2), d = q.size(3), sk = k.size(1), h_k = k.size(2);
+    const int64_t hd_v = v.size(3);
     const auto grads = prepare_bwd(q, k, v, out, dout, softmax_lse, {b, h, sq}, "(batch, nheads, seqlen_q)", dq_, dk_, dv_);
     at::Tensor dq = grads[0], dk = grads[1], dv = grads[2];
     const int seqlen_q_rounded = round_up(static_cast<int>(sq), 128);
@@ -95,36 +98,61 @@ static std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor
     } else {
         // MQA/GQA: per-query-head dK/dV, summed over each group afterwards.
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({b, sk, h, d}, q.options());
-        at::Tensor dv_expanded = h_k == h ? dv : at::empty({b, sk, h, d}, q.options());
+        at::Tensor dv_expanded = h_k == h ? dv : at::empty({b, sk, h, hd_v}, q.options());
         const int tile = flash::head_dim_tile(static_cast<int>(d));
-
-        flash::BwdParams params{};
-        set_qkv(params, q, k, v, out, softmax_lse, softmax_scale, is_causal);
-        set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
-                       q.size(0), q.size(2));
-        set_dropout_bwd(params, p_dropout, rng_state);
-        at::Tensor dq_semaphore;
-        const at::Tensor dq_accum = make_dq_accum(params, deterministic, {b, h, seqlen_q_rounded, tile}, b, h, sk,
-                                                  seqlen_q_rounded, q, dq_semaphore, /*varlen=*/false);
-        params.do_ptr = dout.data_ptr();
-        params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1);
-        params.do_head_stride = dout.stride(2);
-        params.dq_ptr = dq.data_ptr();
-        params.dq_batch_stride = dq.stride(0), params.dq_row_stride = dq.stride(1), params.dq_head_stride = dq.stride(2);
-        params.dk_ptr = dk_expanded.data_ptr();
-        params.dk_batch_stride = dk_expanded.stride(0), params.dk_row_stride = dk_expanded.stride(1);
-        params.dk_head_stride = dk_expanded.stride(2);
-        params.dv_ptr = dv_expanded.data_ptr();
-        params.dv_batch_stride = dv_expanded.stride(0), params.dv_row_stride = dv_expanded.stride(1);
-        params.dv_head_stride = dv_expanded.stride(2);
-        params.softmax_d_ptr = softmax_d.data_ptr<float>();
-        params.seqlen_q_rounded = seqlen_q_rounded;
-        set_backward_switches(params);
-        const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
-        check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+        bool is_bf16 = false;
+        // One backward over (v_k, out_k, dout_k) into dv_k (all at v_k's head dim): on the kernel
+        // with a V head dim of its own (own_v) or the usual dispatch. False: nothing launched.
+        auto run = [&](const at::Tensor &v_k, const at::Tensor &out_k, const at::Tensor &dout_k, const at::Tensor &dv_k,
+                       bool own_v) {
+            flash::BwdParams params{};
+            set_qkv(params, q, k, v_k, out_k, softmax_lse, softmax_scale, is_causal);
+            set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q,
+                           q.size(0), q.size(2));
+            set_dropout_bwd(params, p_dropout, rng_state);
+            at::Tensor dq_semaphore;
+            const at::Tensor dq_accum = make_dq_accum(params, deterministic, {b, h, seqlen_q_rounded, tile}, b, h, sk,
+                                                      seqlen_q_rounded, q, dq_semaphore, /*varlen=*/false);
+            params.do_ptr = dout_k.data_ptr();
+            params.do_batch_stride = dout_k.stride(0), params.do_row_stride = dout_k.stride(1);
+            params.do_head_stride = dout_k.stride(2);
+            params.dq_ptr = dq.data_ptr();
+            params.dq_batch_stride = dq.stride(0), params.dq_row_stride = dq.stride(1), params.dq_head_stride = dq.stride(2);
+            params.dk_ptr = dk_expanded.data_ptr();
+            params.dk_batch_stride = dk_expanded.stride(0), params.dk_row_stride = dk_expanded.stride(1);
+            params.dk_head_stride = dk_expanded.stride(2);
+            params.dv_ptr = dv_k.data_ptr();
+            params.dv_batch_stride = dv_k.stride(0), params.dv_row_stride = dv_k.stride(1);
+            params.dv_head_stride = dv_k.stride(2);
+            params.softmax_d_ptr = softmax_d.data_ptr<float>();
+            params.seqlen_q_rounded = seqlen_q_rounded;
+            set_backward_switches(params);
+            is_bf16 = params.is_bf16;
+            return own_v ? flash::run_mha_bwd_head_dim_v(params, stream) : flash::run_mha_bwd(params, stream);
+        };
+        bool found = false;
+        if (hd_v != d) {
+            // V narrower than Q / K (MLA): its own kernel where one serves the call, else V, O and
+            // dO zero-padded to d (zero columns; dV's padding columns are cut off after the kernel).
+            found = run(v, out, dout, dv_expanded, /*own_v=*/true);
+            if (!found) {
+                auto padded = [&](const at::Tensor &t) {
+                    at::Tensor p = at::zeros({t.size(0), t.size(1), t.size(2), d}, t.options());
+                    p.narrow(3, 0, hd_v).copy_(t);
+                    return p;
+                };
+                const at::Tensor dv_padded = at::empty({b, sk, h, d}, q.options());
+                found = run(padded(v), padded(out), padded(dout), dv_padded, /*own_v=*/false);
+                if (found) dv_expanded.copy_(dv_padded.narrow(3, 0, hd_v));
+            }
+        } else {
+            found = run(v, out, dout, dv_expanded, /*own_v=*/false);
+        }
+        check_built_and_launched(found, is_bf16, d, tile);
         if (h_k != h) {
             at::sum_out(dk, dk_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
-            at::sum_out(dv, dv_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
+            at::sum_out(dv, dv_expanded.reshape({b, sk, h_k, h / h_k, hd_v}), {3});
         }
     }
     copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
@@ -194,6 +222,10 @@ void bind_dense(py::module_ &m) {
           py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0, py::arg("rng_state") = py::none());
     // The forward takes v with a head dim below q's (multiple of 8; out gets it).
     m.attr("fwd_takes_head_dim_v") = true;
+    // The backward takes v, out and dout with that head dim (dv returned at it): on its own kernel
+    // where one serves the call (sm_90a, q / k 129-192 with v up to 128, no dropout), else padded
+    // inside the binding.
+    m.attr("bwd_takes_head_dim_v") = true;
     m.def("learnable_sink_grad", &learnable_sink_grad, "The learnable sink's gradient (fp32) from softmax_lse and softmax_d",
           py::arg("learnable_sink"), py::arg("softmax_lse"), py::arg("softmax_d"), py::arg("cu_seqlens_q") = py::none());
 }

@@ -383,7 +383,10 @@ int sm80_deterministic_splits(const flash::BwdParams &p, int64_t bh, int64_t max
 // adds the dQ tiles in order from the Q / dO stage (kDqStage).
 bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 #ifdef FLASH_ATTN_SM90A
-    const bool tile_ok = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256;
+    // Tile 192 only with a V head dim of its own (the split-d 192 / 128 kernel,
+    // run_mha_bwd_head_dim_v; the binding's padded fallback has dv == d and keeps the sliced mode).
+    const bool tile_ok = p.head_dim_tile == 64 || p.head_dim_tile == 128 || p.head_dim_tile == 256 ||
+                         (p.head_dim_tile == 192 && p.dv < p.d);
     return p.use_sm90 && tile_ok && p.p_dropout <= 0.f && !(p.head_dim_tile == 64 && p.softcap_scale > 0.f) && !varlen && p.d % 8 == 0;
 #else
     (void)p, (void)varlen;
@@ -403,7 +406,7 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // 7.72 / 7.69 ms, causal 4.13 / 4.31 ms (default 6.50 / 3.28; docs/results/s12/s2_bench_bwd_d256_mod.log).
 // (Earlier consumer-ordered atomics, all ATOMG: 14.9 / 16.4 / 17.3 / 18.3 ms for 1 / 2 / 4 / 8.)
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
-    if (p.head_dim_tile == 256) return 1;
+    if (p.head_dim_tile == 256 || p.head_dim_tile == 192) return 1;  // the split-d kernels (192: dv < d only)
     const bool descending = p.window_right < flash::kWindowUnbounded;  // as bwd_ws_det_descending
     return descending || max_seqlen_k <= 128 ? 1 : 2;
 }

@@ -216,16 +216,19 @@ static std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at:
                                               bool deterministic, int64_t window_left, int64_t window_right,
                                               double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                               std::optional<at::Tensor> rng_state) {
-    check_varlen_qkv(q, k, v, false);
+    // v may be narrower than q / k (head_dim_v); out, dout and dv then have v's head dim.
+    check_varlen_qkv(q, k, v, false, /*head_dim_v=*/true);
     check_dropout(p_dropout, softcap);
     check_rng_state(p_dropout, rng_state, q);
     check_varlen_tensor(out, "out", q, 3, "(total_q, nheads, headdim)");
     check_varlen_tensor(dout, "dout", q, 3, "(total_q, nheads, headdim)");
-    FLASH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), "flash_attn: out and dout must have q's shape ",
-                q.sizes());
+    const std::vector<int64_t> o_shape{q.size(0), q.size(1), v.size(2)};
+    FLASH_CHECK(out.sizes() == at::IntArrayRef(o_shape) && dout.sizes() == at::IntArrayRef(o_shape),
+                "flash_attn: out and dout must have q's shape with v's head dim ", at::IntArrayRef(o_shape));
     const int64_t b = check_varlen_batch(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q);
     c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t total_q = q.size(0), h = q.size(1), d = q.size(2), total_k = k.size(0), h_k = k.size(1);
+    const int64_t hd_v = v.size(2);
     const auto grads = prepare_bwd(q, k, v, out, dout, softmax_lse, {h, total_q}, "(nheads, total_q)", dq_, dk_, dv_);
     at::Tensor dq = grads[0], dk = grads[1], dv = grads[2];
     if (zero_tensors) dq.zero_(), dk.zero_(), dv.zero_();
@@ -236,42 +239,67 @@ static std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at:
         softmax_d.zero_();  // out = 0: rowsum(dO * O) = 0 (the learnable sink's gradient reads it)
     } else {
         at::Tensor dk_expanded = h_k == h ? dk : at::empty({total_k, h, d}, q.options());
-        at::Tensor dv_expanded = h_k == h ? dv : at::empty({total_k, h, d}, q.options());
+        at::Tensor dv_expanded = h_k == h ? dv : at::empty({total_k, h, hd_v}, q.options());
         const int tile = flash::head_dim_tile(static_cast<int>(d));
-
-        flash::BwdParams params{};
-        set_varlen_qkv(params, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q, max_seqlen_k,
-                       softmax_scale, is_causal);
-        set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
-        set_dropout_bwd(params, p_dropout, rng_state);
-        // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
-        const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
-        at::Tensor dq_semaphore;
-        const at::Tensor dq_accum = make_dq_accum(params, deterministic, {h, accum_rows, tile}, b, h, max_seqlen_k,
-                                                  seqlen_q_rounded, q, dq_semaphore, /*varlen=*/true);
-        params.do_ptr = dout.data_ptr();
-        params.do_batch_stride = 0, params.do_row_stride = dout.stride(0), params.do_head_stride = dout.stride(1);
-        params.dq_ptr = dq.data_ptr();
-        params.dq_batch_stride = 0, params.dq_row_stride = dq.stride(0), params.dq_head_stride = dq.stride(1);
-        params.dk_ptr = dk_expanded.data_ptr();
-        params.dk_batch_stride = 0, params.dk_row_stride = dk_expanded.stride(0);
-        params.dk_head_stride = dk_expanded.stride(1);
-        params.dv_ptr = dv_expanded.data_ptr();
-        params.dv_batch_stride = 0, params.dv_row_stride = dv_expanded.stride(0);
-        params.dv_head_stride = dv_expanded.stride(1);
-        params.softmax_d_ptr = softmax_d.data_ptr<float>();
-        params.seqlen_q_rounded = seqlen_q_rounded;
-        params.accum_rows = accum_rows;
-        set_backward_switches(params);
-        const bool found = flash::run_mha_bwd(params, c10::cuda::getCurrentCUDAStream().stream());
-        check_built_and_launched(found, params.is_bf16, d, params.head_dim_tile);
+        const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+        bool is_bf16 = false;
+        // One backward over (v_k, out_k, dout_k) into dv_k (all at v_k's head dim): on the kernel
+        // with a V head dim of its own (own_v) or the usual dispatch. False: nothing launched.
+        auto run = [&](const at::Tensor &v_k, const at::Tensor &out_k, const at::Tensor &dout_k, const at::Tensor &dv_k,
+                       bool own_v) {
+            flash::BwdParams params{};
+            set_varlen_qkv(params, q, k, v_k, out_k, softmax_lse, cu_seqlens_q, cu_seqlens_k, b, max_seqlen_q,
+                           max_seqlen_k, softmax_scale, is_causal);
+            set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
+            set_dropout_bwd(params, p_dropout, rng_state);
+            // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
+            const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
+            at::Tensor dq_semaphore;
+            const at::Tensor dq_accum = make_dq_accum(params, deterministic, {h, accum_rows, tile}, b, h, max_seqlen_k,
+                                                      seqlen_q_rounded, q, dq_semaphore, /*varlen=*/true);
+            params.do_ptr = dout_k.data_ptr();
+            params.do_batch_stride = 0, params.do_row_stride = dout_k.stride(0), params.do_head_stride = dout_k.stride(1);
+            params.dq_ptr = dq.data_ptr();
+            params.dq_batch_stride = 0, params.dq_row_stride = dq.stride(0), params.dq_head_stride = dq.stride(1);
+            params.dk_ptr = dk_expanded.data_ptr();
+            params.dk_batch_stride = 0, params.dk_row_stride = dk_expanded.stride(0);
+            params.dk_head_stride = dk_expanded.stride(1);
+            params.dv_ptr = dv_k.data_ptr();
+            params.dv_batch_stride = 0, params.dv_row_stride = dv_k.stride(0);
+            params.dv_head_stride = dv_k.stride(1);
+            params.softmax_d_ptr = softmax_d.data_ptr<float>();
+            params.seqlen_q_rounded = seqlen_q_rounded;
+            params.accum_rows = accum_rows;
+            set_backward_switches(params);
+            is_bf16 = params.is_bf16;
+            return own_v ? flash::run_mha_bwd_head_dim_v(params, stream) : flash::run_mha_bwd(params, stream);
+        };
+        bool found = false;
+        if (hd_v != d) {
+            // V narrower than Q / K (MLA): its own kernel where one serves the call, else V, O and
+            // dO zero-padded to d (dV's padding columns cut off after the kernel).
+            found = run(v, out, dout, dv_expanded, /*own_v=*/true);
+            if (!found) {
+                auto padded = [&](const at::Tensor &t) {
+                    at::Tensor p = at::zeros({t.size(0), t.size(1), d}, t.options());
+                    p.narrow(2, 0, hd_v).copy_(t);
+                    return p;
+                };
+                const at::Tensor dv_padded = at::empty({total_k, h, d}, q.options());
+                found = run(padded(v), padded(out), padded(dout), dv_padded, /*own_v=*/false);
+                if (found) dv_expanded.copy_(dv_padded.narrow(2, 0, hd_v));
+            }
+        } else {
+            found = run(v, out, dout, dv_expanded, /*own_v=*/false);
+        }
+        check_built_and_launched(found, is_bf16, d, tile);
         zero_tail(dq, cu_seqlens_q, b);
         zero_tail(dk_expanded, cu_seqlens_k, b);
         zero_tail(dv_expanded, cu_seqlens_k, b);
-        check_built_and_launched(true, params.is_bf16, d, params.head_dim_tile);
+        check_built_and_launched(true, is_bf16, d, tile);
         if (h_k != h) {
             at::sum_out(dk, dk_expanded.reshape({total_k, h_k, h / h_k, d}), {2});
-            at::sum_out(dv, dv_expanded.reshape({total_k, h_k, h / h_k, d}), {2});
+            at::sum_out(dv, dv_expanded.reshape({total_k, h_k, h / h_k, hd_v}), {2});
         }
     }
     copy_back(dq_, dq), copy_back(dk_, dk), copy_back(dv_, dv);
@@ -293,6 +321,7 @@ void bind_varlen(py::module_ &m) {
           py::arg("deterministic"), py::arg("window_size_left") = -1, py::arg("window_size_right") = -1,
           py::arg("softcap") = 0.0, py::arg("alibi_slopes") = py::none(), py::arg("dropout_p") = 0.0,
           py::arg("rng_state") = py::none());
+    // varlen_bwd takes v, out and dout at v's head dim as bwd does (bwd_takes_head_dim_v, dense.cpp).
 }
 
 }  // namespace flash::api

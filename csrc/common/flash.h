@@ -240,6 +240,10 @@ bool run_mha_fwd(FwdParams &params, cudaStream_t stream);
 // where none serves the call (the binding then runs V zero-padded to d).
 bool run_mha_fwd_head_dim_v(FwdParams &params, cudaStream_t stream);
 bool run_mha_bwd(BwdParams &params, cudaStream_t stream);
+// A backward with params.dv < params.d (V, dO, O and dV at dv) on a kernel with a V width of its own;
+// false (nothing launched) where none serves the call (the binding then runs V / dO / O zero-padded
+// to d and cuts dV back to dv).
+bool run_mha_bwd_head_dim_v(BwdParams &params, cudaStream_t stream);
 // The split-KV / paged / GQA-packed forward (decode and KV-cache attention) and, for
 // num_splits > 1, its combine step. Returns false when that configuration was not built.
 bool run_mha_fwd_splitkv(FwdParams &params, cudaStream_t stream);

@@ -2,7 +2,8 @@
 // per head dim, the TMA descriptors over q / dout (dense (b, s, h, d) or varlen packed (total, h,
 // d)) and over the LSE / softmax_d buffers, grid and error checks. Instantiated per (dtype, head
 // dim) by instantiations/flash_bwd_ws_sm90_hdim*_*.cu (plain), *_mod.cu (softcap / ALiBi /
-// deterministic) and *_drop.cu (dropout);
+// deterministic) and *_drop.cu (dropout); a V head dim of its own (192 / 128, split-d) by
+// flash_bwd_ws_sm90_hdim192x128_*.cu (run_mha_bwd_head_dim_v, flash_dispatch.cpp);
 // called from run_mha_bwd_ (flash_bwd_launch.h) when params.bwd_ws is set.
 #pragma once
 
@@ -98,11 +99,19 @@ namespace bwd_ws_detail {
 // K/V-cache refinements (never set by the backward binding, checked anyway), head dims that are not
 // multiples of 8, q / dout strides the TMA cannot address (not multiples of 16 bytes), LSE /
 // softmax_d buffers of 2^31 elements or more (1-D TMA coordinates are int32).
-template <int kHeadDim>
+// kHeadDimV: the traits' V head dim; where it differs from kHeadDim, V / dO / O / dV may be any
+// multiple of 8 up to it below params.d (the caller also checks the head-dim tile), else
+// params.dv must be params.d.
+template <int kHeadDim, int kHeadDimV = kHeadDim>
 bool tma_geometry(BwdParams const &params, int &rows_q, int &batch_q, int64_t &lse_elems, int64_t &dsum_elems) {
     if (params.seqused_k != nullptr || params.leftpad_k != nullptr || params.kv_batch_idx != nullptr ||
         params.block_table != nullptr || params.d > kHeadDim || params.d % 8 != 0) {
         return false;
+    }
+    if constexpr (kHeadDimV != kHeadDim) {
+        if (params.dv > kHeadDimV || params.dv % 8 != 0 || params.dv <= 0 || params.dv >= params.d) return false;
+    } else {
+        if (params.dv != params.d) return false;
     }
     const bool varlen_q = params.cu_seqlens_q != nullptr;
     rows_q = varlen_q ? params.total_q : params.seqlen_q;
@@ -215,6 +224,39 @@ bool run_mha_bwd_ws_sm90_d256(BwdParams &params, cudaStream_t stream) {
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
         using Traits = BwdWsTraitsSm90<256, 2, Element, /*kMod=*/true, /*kDropout=*/false, /*kSplitD=*/true>;
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    }
+    return true;
+}
+
+// A V head dim of its own (params.dv < params.d): Q / K 192 with V 128 (DeepSeek MLA) on the
+// split-d kernel (BwdWsTraitsSm90<192, 2, Element, kMod, false, kSplitD, 64, 128>: 64-key CTAs,
+// each consumer warpgroup dK 64 x 96 and dV 64 x 64; rows 32-63 of the fp32 dQ tile through
+// smem_dq_hi; 206848 B of shared memory). dq_accum: (.., seqlen_q_rounded, 192) rows, swizzled as
+// every WS kernel's (the conversion at head_dim_tile 192 reads the same layout). Plain calls on
+// the kMod = false kernel; softcap / ALiBi / deterministic (dense, bwd_ws_det) on the kMod one.
+// Not served (false, nothing launched; the binding then runs V / dO / O zero-padded to d):
+// dropout, a head-dim tile other than 192, dv > 128 or not a multiple of 8, what tma_geometry
+// rejects.
+template <typename Element, int kHeadDim, int kHeadDimV>
+bool run_mha_bwd_ws_sm90_head_dim_v(BwdParams &params, cudaStream_t stream) {
+    static_assert(kHeadDim == 192 && kHeadDimV == 128, "instantiated for DeepSeek MLA's 192 / 128 only");
+    if (params.p_dropout > 0.f || params.head_dim_tile != kHeadDim) return false;
+    const bool det_ok = !params.deterministic ||
+                        (params.bwd_ws_det && params.dq_semaphore_ptr != nullptr && params.cu_seqlens_q == nullptr);
+    if (!det_ok || (params.dq_accum_splits > 1 && !params.deterministic)) return false;
+    int rows_q, batch_q;
+    int64_t lse_elems, dsum_elems;
+    if (!bwd_ws_detail::tma_geometry<kHeadDim, kHeadDimV>(params, rows_q, batch_q, lse_elems, dsum_elems)) return false;
+    if (has_features(params)) {  // softcap / ALiBi / deterministic (no dropout: checked above)
+        using Traits = BwdWsTraitsSm90<kHeadDim, 2, Element, /*kMod=*/true, /*kDropout=*/false, /*kSplitD=*/true,
+                                       /*kBlockM=*/64, kHeadDimV>;
+        static_assert(Traits::kOwnHeadDimV && Traits::kSmemSize <= 227 * 1024);
+        bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+    } else {
+        using Traits = BwdWsTraitsSm90<kHeadDim, 2, Element, /*kMod=*/false, /*kDropout=*/false, /*kSplitD=*/true,
+                                       /*kBlockM=*/64, kHeadDimV>;
+        static_assert(Traits::kOwnHeadDimV && Traits::kSmemSize <= 227 * 1024);
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     }
     return true;

@@ -235,4 +235,27 @@ bool run_mha_fwd_head_dim_v(FwdParams &params, cudaStream_t stream) {
     (void)params, (void)stream;
     return false;
 }
+
+// ---- the backward with a V head dim of its own (BwdParams::dv < d) on the sm_90a warp-specialised
+// split-d kernel: Q / K 129-192 (head-dim tile 192) with V up to 128 (DeepSeek MLA), plain and
+// softcap / ALiBi / deterministic calls, no dropout; instantiations/flash_bwd_ws_sm90_hdim192x128_*.cu ----
+bool run_mha_bwd_hdim192x128_fp16(BwdParams &params, cudaStream_t stream);
+bool run_mha_bwd_hdim192x128_bf16(BwdParams &params, cudaStream_t stream);
+
+bool run_mha_bwd_head_dim_v(BwdParams &params, cudaStream_t stream) {
+#ifdef FLASH_ATTN_SM90A
+    if (!params.use_sm90 || !params.bwd_ws || params.p_dropout > 0.f) return false;
+    g_last_error.clear();
+    if (params.d > 128 && params.d <= 192 && params.dv < params.d && params.dv <= 128) {
+#ifdef FLASH_ATTN_BUILT_bf16_192
+        if (params.is_bf16) return run_mha_bwd_hdim192x128_bf16(params, stream);
+#endif
+#ifdef FLASH_ATTN_BUILT_fp16_192
+        if (!params.is_bf16) return run_mha_bwd_hdim192x128_fp16(params, stream);
+#endif
+    }
+#endif
+    (void)params, (void)stream;
+    return false;
+}
 }  // namespace flash
