@@ -852,6 +852,58 @@ def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+FA3_ANCHORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fa3_anchors_h200.json")
+
+
+def load_fa3_anchors(path=FA3_ANCHORS):
+    """{(headdim, causal, seqlen): {"fwd": r, "bwd": r}}: upstream FA3's TFLOP/s over cuDNN's per
+    cell of the bf16 grid, measured in one run on an H200 (the file says which builds). FA3 is
+    not built here; a cell's FA3 estimate is this run's cuDNN TFLOP/s times that ratio, so
+    ours / FA3 = (ours / cuDNN) / (FA3 / cuDNN). None if the file is missing."""
+    try:
+        with open(path) as f:
+            cells = json.load(f)["cells"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return {(c["headdim"], int(c["causal"]), c["seqlen"]): c["fa3_over_cudnn"] for c in cells}
+
+
+def fa3_comparison(by, anchors):
+    """Lines comparing ours with FA3 through this run's cuDNN (see load_fa3_anchors), per
+    (causal, d) and overall, bf16 cells only; and {label: {phase: geomean}}."""
+    groups, cells = {}, {"fwd": [], "bwd": []}
+    for (dt, c, d, s), rs in sorted(by.items()):
+        anchor = anchors.get((d, int(c), s))
+        if dt != "bf16" or anchor is None or "ours" not in rs or "cudnn" not in rs:
+            continue
+        for phase in ("fwd", "bwd"):
+            a, o = rs["ours"].get(phase + "_tflops"), rs["cudnn"].get(phase + "_tflops")
+            if a and o:
+                x = a / o / anchor[phase]
+                groups.setdefault((c, d, phase), []).append(x)
+                cells[phase].append((x, "d%d %s%s" % (d, "causal " if c else "", s)))
+    if not cells["fwd"] and not cells["bwd"]:
+        return [], {}
+    lines = ["ours/FA3 TFLOP/s ratio via cuDNN in this run (FA3/cuDNN per cell from %s; geometric "
+             "mean over seqlens; >1 = ours faster):" % os.path.basename(FA3_ANCHORS)]
+    summary = {}
+    for (c, d) in sorted({k[:2] for k in groups}):
+        fw, bw = _geomean(groups.get((c, d, "fwd"), [])), _geomean(groups.get((c, d, "bwd"), []))
+        label = "bf16 causal=%d d=%d" % (c, d)
+        lines.append("  %-22s fwd %s  bwd %s" % (label, "%.2f" % fw if fw else " n/a",
+                                                  "%.2f" % bw if bw else " n/a"))
+        summary[label] = {"fwd": fw, "bwd": bw}
+    for phase in ("fwd", "bwd"):
+        xs = cells[phase]
+        if xs:
+            worst = min(xs)
+            lines.append("  %s: geometric mean %.3f, %d of %d cells >= 1.05, slowest %s (%.2f)" % (
+                phase, _geomean([x for x, _ in xs]), sum(x >= 1.05 for x, _ in xs), len(xs),
+                worst[1], worst[0]))
+            summary["overall"] = dict(summary.get("overall", {}), **{phase: _geomean([x for x, _ in xs])})
+    return lines, summary
+
+
 def summarize(rows, args):
     """Geometric-mean ratio ours / other per (dtype, causal, d) and overall."""
     lines = []
@@ -882,6 +934,11 @@ def summarize(rows, args):
             lines.append("  %-22s fwd %s  bwd %s" % (label, "%.2f" % fw if fw else " n/a",
                                                       "%.2f" % bw if bw else " n/a"))
             summary["%s|%s" % (other, label)] = {"fwd": fw, "bwd": bw}
+    anchors = load_fa3_anchors()
+    if anchors and "ours" in args.backends and "cudnn" in args.backends:
+        fa3_lines, fa3_summary = fa3_comparison(by, anchors)
+        lines += fa3_lines
+        summary.update({"fa3|" + k: v for k, v in fa3_summary.items()})
     return lines, summary
 
 
@@ -1160,6 +1217,7 @@ def plot_grid(path, rows, args, title=""):
                              squeeze=False)
     colors = {"ours": "tab:red", "sdpa_ours": "tab:purple", "flash": "tab:blue", "cudnn": "tab:green",
               "efficient": "tab:orange", "naive": "tab:gray"}
+    anchors = load_fa3_anchors() if "cudnn" in args.backends else None
     for i, (dt, c, ph) in enumerate(panels):
         for j, d in enumerate(dims):
             ax = axes[i][j]
@@ -1170,6 +1228,11 @@ def plot_grid(path, rows, args, title=""):
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
                             label=be, color=colors.get(be))
+                if be == "cudnn" and anchors and dt == "bf16":
+                    fa3 = [(x, y * anchors[(d, c, x)][ph]) for x, y in pts if (d, c, x) in anchors]
+                    if fa3:
+                        ax.plot([p[0] for p in fa3], [p[1] for p in fa3], ls="--", marker="x", ms=3,
+                                label="FA3 (anchors x cudnn)", color="black")
             ax.set_xscale("log", base=2)
             ax.set_xticks(args.seqlens)
             ax.set_xticklabels([("%dk" % (s // 1024)) if s >= 1024 else str(s) for s in args.seqlens])

@@ -74,7 +74,9 @@ def _forward(a):
         q, k, v = (_pad_to_multiple_of_8(x, d) for x in (q, k, v))
         out, lse, _, rng_state = _varlen_kvcache._wrapped_flash_attn_varlen_forward(
             q, k, v, cu_q, cu_k, a["max_q"], a["max_k"], *common, seqused_k=a.get("seqused_k"))
-    return _in_layout_of(out[..., :d], a["query"]), lse, rng_state
+    if out.shape[-1] != d:
+        out = out[..., :d]
+    return _in_layout_of(out, a["query"]), lse, rng_state
 
 
 def _backward(a, rng_state):
@@ -97,8 +99,9 @@ def _backward(a, rng_state):
         _varlen_kvcache._wrapped_flash_attn_varlen_backward(
             dout, q, k, v, out, a["logsumexp"], *grads, cu_q, cu_k, a["max_q"], a["max_k"],
             *common, rng_state=rng_state)
-    return tuple(_in_layout_of(g[..., :d], a[n])
-                 for g, n in zip(grads, ("query", "key", "value")))
+    if grads[0].shape[-1] != d:
+        grads = [g[..., :d] for g in grads]
+    return tuple(_in_layout_of(g, a[n]) for g, n in zip(grads, ("query", "key", "value")))
 
 
 def _aux(q, rng_state):
@@ -169,20 +172,34 @@ _OPTIONAL_OPS = {
 }
 
 
+class _Binder:
+    """Binds the arguments of one op's calls by name, defaults filled in (the dispatcher leaves
+    out arguments equal to their defaults).  The schema is read once: its accessors are pybind
+    calls, too slow for every call at short sequences, where SDPA's host time shows."""
+
+    def __init__(self, schema):
+        self.name = schema.name
+        self.names = tuple(arg.name for arg in schema.arguments)
+        self.defaults = tuple(arg.default_value if arg.has_default_value() else _REQUIRED
+                              for arg in schema.arguments)
+
+    def __call__(self, args, kwargs):
+        n = len(args)
+        bound = dict(zip(self.names, args))
+        for name, default in zip(self.names[n:], self.defaults[n:]):
+            value = kwargs.get(name, default)
+            if value is _REQUIRED:
+                raise TypeError(f"{self.name}: missing argument {name}")
+            bound[name] = value
+        return bound
+
+
+_REQUIRED = object()
+
+
 def bind(schema, args, kwargs):
-    """The arguments of one call of the op with this schema, by name, defaults filled in (the
-    dispatcher leaves out arguments equal to their defaults)."""
-    bound = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(args):
-            bound[arg.name] = args[i]
-        elif arg.name in kwargs:
-            bound[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-        else:
-            raise TypeError(f"{schema.name}: missing argument {arg.name}")
-    return bound
+    """The arguments of one call of the op with this schema, by name, defaults filled in."""
+    return _Binder(schema)(args, kwargs)
 
 
 def _is_default(value, default):
@@ -206,14 +223,17 @@ def make_kernel(schema, impl, needed, optional):
                         + ([f"unknown arguments without defaults {no_default}"]
                            if no_default else [])))
 
+    binder = _Binder(schema)
+    checked = tuple((arg.name, arg.default_value) for arg in unknown)
+
     def kernel(*args, **kwargs):
-        a = bind(schema, args, kwargs)
-        for arg in unknown:
-            if not _is_default(a[arg.name], arg.default_value):
-                value = a[arg.name]
+        a = binder(args, kwargs)
+        for name, default in checked:
+            value = a[name]
+            if not _is_default(value, default):
                 shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
                 raise RuntimeError(f"flash_attn SDPA kernel for {schema.name} unsupported: "
-                                   f"{arg.name}={shown} (only {arg.default_value!r})")
+                                   f"{name}={shown} (only {default!r})")
         try:
             return impl(a)
         except _Unsupported as e:

@@ -1259,3 +1259,35 @@ def test_set_strict_checks_api():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.stdout.strip() == "True", res.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------
+# flash_attn.sdpa: the aten kernels' argument binding (no GPU needed)
+# ---------------------------------------------------------------------------------------
+
+
+def test_sdpa_kernels_bind_by_name_and_refuse_unknown_arguments():
+    from flash_attn import sdpa
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None:
+        pytest.skip("this torch has no aten::_flash_attention_forward")
+    schema = op.default._schema
+    seen = []
+    impl, needed, optional = sdpa._OPS["_flash_attention_forward"]
+    kernel = sdpa.make_kernel(schema, lambda a: seen.append(a) or "ok", needed, optional)
+    assert kernel("q", "k", "v", None, None, 5, 7, 0.1, True, False, scale=0.5) == "ok"
+    a = seen[-1]
+    assert (a["query"], a["max_q"], a["max_k"], a["dropout_p"], a["is_causal"], a["scale"]) == \
+        ("q", 5, 7, 0.1, True, 0.5)
+    # Arguments left out take the schema's defaults.
+    names = [arg.name for arg in schema.arguments]
+    for arg in schema.arguments[10:]:
+        if arg.name != "scale":
+            assert a[arg.name] == arg.default_value, arg.name
+    assert list(a) == names
+    unknown = [arg.name for arg in schema.arguments if arg.name not in needed + optional]
+    for name in unknown:  # e.g. alibi_slopes: anything but the default is refused, by name
+        with pytest.raises(RuntimeError, match=name):
+            kernel("q", "k", "v", None, None, 5, 7, 0.0, False, False, **{name: torch.ones(1)})
+    with pytest.raises(TypeError, match="missing argument"):
+        kernel("q", "k")

@@ -121,3 +121,21 @@ def test_benchmark_sdpa_ab_alternates_the_order():
     # round 0: ours (fwd, bwd) then SDPA; round 1: SDPA then ours
     assert order == ["ours", "ours", "sdpa_ours", "sdpa_ours", "sdpa_ours", "sdpa_ours", "ours", "ours"]
     assert [(r["backend"], r["fwd_ms"], r["bwd_ms"]) for r in rows] == [("ours", 1.0, 3.0), ("sdpa_ours", 1.25, 3.75)]
+
+
+def test_benchmark_compares_with_fa3_through_cudnn():
+    """The grid summary puts ours beside FA3 as (ours / cuDNN) / (FA3 / cuDNN), the ratio the
+    anchors file holds per cell."""
+    path = SCRIPTS.parent / "benchmarks" / "benchmark_attn.py"
+    spec = importlib.util.spec_from_file_location("benchmark_attn", path)
+    bm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bm)
+    anchors = bm.load_fa3_anchors()
+    assert anchors[(128, 1, 8192)]["bwd"] > 0 and len(anchors) == 36
+    fa3 = anchors[(128, 0, 4096)]
+    by = {("bf16", 0, 128, 4096): {"ours": {"fwd_tflops": 2.0 * fa3["fwd"], "bwd_tflops": fa3["bwd"]},
+                                   "cudnn": {"fwd_tflops": 1.0, "bwd_tflops": 1.0}}}
+    lines, summary = bm.fa3_comparison(by, anchors)
+    assert summary["bf16 causal=0 d=128"] == pytest.approx({"fwd": 2.0, "bwd": 1.0})
+    assert any("fwd: geometric mean 2.000, 1 of 1 cells >= 1.05" in line for line in lines)
+    assert any("bwd: geometric mean 1.000, 0 of 1 cells >= 1.05" in line for line in lines)
