@@ -398,12 +398,12 @@ bool ws_deterministic_serves(const flash::BwdParams &p, bool varlen) {
 // per (slice, query block): more slices mean shorter ordered chains, but each slice is one more
 // zeroed dq_accum to clear and to read in the conversion. The chains cost little (each link is one
 // reduce-add round trip, overlapped with the next query block's GEMMs), so few slices win. H200
-// bf16 8k, deterministic bwd / default bwd for 1 / 2 / 4 / 8 slices (docs/results/s9/det_splits.log):
+// bf16 8k, deterministic bwd / default bwd for 1 / 2 / 4 / 8 slices:
 // d64 1.05 / 1.05 / 1.07 / 1.10, causal 1.05 / 1.06 / 1.09 / 1.15; d128 1.08 / 1.05 / 1.06 / 1.14,
 // causal 1.02 / 1.05 / 1.22 / 1.34. Causal and other bounded-right windows (descending order: a key
 // block's first query block waits for nobody) take 1, the rest 2. Head dim 256 (the split-d kMod
 // kernel, kDqStage: the writer warp's ordered bulk reduces): 1; bf16 8k, 1 / 2 slices:
-// 7.72 / 7.69 ms, causal 4.13 / 4.31 ms (default 6.50 / 3.28; docs/results/s12/s2_bench_bwd_d256_mod.log).
+// 7.72 / 7.69 ms, causal 4.13 / 4.31 ms (default 6.50 / 3.28).
 // (Earlier consumer-ordered atomics, all ATOMG: 14.9 / 16.4 / 17.3 / 18.3 ms for 1 / 2 / 4 / 8.)
 int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
     if (p.head_dim_tile == 256 || p.head_dim_tile == 192) return 1;  // the split-d kernels (192: dv < d only)
@@ -413,7 +413,7 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
 
 // How many heads' key blocks the WS deterministic causal backward interleaves in its launch order
 // (BwdParams::bwd_ws_det_head_group). H200 bf16 8k causal, deterministic backward /
-// default for 1 / 2 / 4 heads (docs/results/s17/hg_det_head_group_ab.log): d64 1.014 / 1.011 /
+// default for 1 / 2 / 4 heads: d64 1.014 / 1.011 /
 // 1.005, d128 1.037 / 1.045 / 1.055, d256 1.214 / **1.191** / 1.385 (4 heads' Q, dO and fp32 dQ
 // slices, 64 MB, no longer fit in L2). Default: 2 at head dim 256, else 1 (one head after the
 // other).

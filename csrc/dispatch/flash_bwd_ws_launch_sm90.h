@@ -152,8 +152,7 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
     const bool has_mod = params.softcap_scale > 0.f || params.alibi_slopes_ptr != nullptr;
     // kMod: no softcap at d64, where the WS kernel's extra MUFU work (tanh, and log2 to recover
     // it) made the H200's softcap backward slower than the lock-step kernel's (bf16 8k: 15.9 vs
-    // 13.7 ms; d128: 9.4 vs 10.4 ms; ALiBi: d64 9.5 vs 10.0 ms, d128 6.3 vs 7.7 ms;
-    // docs/results/s8/mod_features.log).
+    // 13.7 ms; d128: 9.4 vs 10.4 ms; ALiBi: d64 9.5 vs 10.0 ms, d128 6.3 vs 7.7 ms).
     // Deterministic calls: only those the binding prepared for this kernel (params.bwd_ws_det:
     // zeroed dq_accum slices and counters, dense, dQ bulk reduce-add); they come through the
     // feature dispatch (kMod), with or without score modifiers.

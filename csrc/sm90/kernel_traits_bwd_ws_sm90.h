@@ -188,8 +188,8 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     using SmemLayoutdSt = decltype(composition(
         SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kdSBuffers>>{}, Step<_2, _1, _3>{})));
     // LSE / softmax_d rows: one 1-D TMA box per stage. A tiled TMA load must start at a 16-byte
-    // aligned global address (the H200 raises an illegal instruction otherwise: seqlen_q % 4 != 0,
-    // docs/results/s7/probe_bwd_ws.log), and a (batch, head) row starts at any element offset
+    // aligned global address (the H200 raises an illegal instruction otherwise: seqlen_q % 4 != 0),
+    // and a (batch, head) row starts at any element offset
     // (LSE: b h seqlen_q + h seqlen_q; varlen softmax_d: cu_seqlens_q[b] + 128 b). So the box
     // starts at the row's offset rounded down to 4 elements and is kRowShiftMax longer; the
     // consumers read it from the shift (offset % 4) on. Stages 128-byte aligned for the TMA.
