@@ -371,9 +371,9 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     }
     pipeline_v.consumer_release(state_v);
     // The persistent kernel carries state_v into the next tile: without this step its consumers
-    // started the next tile one V slot behind the producer (which advanced once per load_v), waited
-    // on a slot whose phase had already completed and released it twice: the session-7 hang of a
-    // CTA's second tile (found by reading the code).
+    // would start the next tile one V slot behind the producer (which advances once per load_v),
+    // wait on a slot whose phase had already completed and release it twice, and a CTA's second
+    // tile would hang.
     ++state_v;
 }
 
