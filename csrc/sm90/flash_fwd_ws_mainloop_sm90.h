@@ -166,6 +166,69 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
     cutlass::arch::NamedBarrier::arrive(256, barrier);
 }
 
+// Zeroes rows [v_rows_valid, kBlockN) of V stage `stage` before any P V reads them (see
+// fwd_ws_mma's v_rows_valid), then syncs the warpgroup: its generic-proxy writes before wgmma
+// (async proxy) reads.
+template <typename Traits>
+__forceinline__ __device__ void fwd_ws_zero_v_tail(typename Traits::SharedStorage &ss, int v_rows_valid, int stage,
+                                                   int wg, int wg_tidx) {
+    constexpr int kBlockN = Traits::kBlockN;
+    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    constexpr int kChunks = Traits::kHeadDimV / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
+    const int n = (kBlockN - v_rows_valid) * kChunks;
+    for (int i = wg_tidx; i < n; i += 128) {
+        *reinterpret_cast<uint4 *>(&sV(v_rows_valid + i / kChunks, (i % kChunks) * 8, stage)) = make_uint4(0, 0, 0, 0);
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
+}
+
+// ---- Dropout in the pingpong ----
+// The keep flags of tile n_blk are a pure function of (seed, offset, b, h, row, col): each
+// thread runs dropout_fwd_generate_group<128> (the counters of dropout_fwd_generate, computed
+// from the column inside the group) on its warpgroup's (64, kBlockN) accumulator coordinates,
+// i.e. exactly the Philox calls of the lock-step kernel's threads that own the same elements
+// (four per 128-key group: counters (base + 4 (col / 128) + g, row / 16 * 32 +
+// (row % 8) * 4 + (col % 8) / 2, b h) for its row = row0 + 16 warp + lane / 4 and the column
+// col = 128 (col0 / 128) + 8 g + 2 (lane % 4) of atom g = 0..3, words t = 0..3 for the atoms
+// 32 t apart). Only the tile widths that keep the 128-key groups whole are allowed (64, 128:
+// Traits::kDropoutTiles; the launcher picks 128 x 128 at d128 and 128 x 64 at d256 for dropout
+// calls). A 64-key tile shares its group with its neighbour: the first of the pair the walk
+// (downwards) visits generates both halves, as in flash_fwd_kernel_sm90.h.
+//
+// Where: right after this warpgroup has issued S_t (and P_{t-1} V_{t-1}) and handed the turn
+// to the next warpgroup (sched_arrive), before warpgroup_wait<1>. At that point the tensor
+// cores hold, in order, the rest of the previous warpgroup's GEMMs (it issued just before our
+// sched_sync returned), our S_t and our P V; the next warpgroup, released by our arrive, queues
+// its GEMMs behind ours. So the ~4 x 40 integer ops per thread (20 IMAD.WIDE-class multiplies
+// per Philox call) run while the tensor cores are busy with the other warpgroup's GEMMs and our
+// own S_t - time this warpgroup would otherwise spend blocked in warpgroup_wait<1> - and never
+// inside our pingpong turn, which would delay the next warpgroup's issue. The flags go to
+// shared memory (16-byte stores, no registers held across the softmax) and come back after
+// P_t = bf16(S_t) (dropout_fwd_apply: one PRMT + one AND per packed pair).
+template <typename Traits, bool kDropout, typename TensorC>
+__forceinline__ __device__ void fwd_ws_generate_dropout(bool is_dropout, FwdWsFeatures const &feat,
+                                                        TensorC const &coords_s, int row0, int n_blk,
+                                                        int n_block_max, uint4 *drop_flags, int wg_tidx) {
+    if constexpr (kDropout) {
+        constexpr int kBlockN = Traits::kBlockN;
+        if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
+            const Dropout dropout = feat.dropout;
+            dropout_fwd_generate_group<128, Traits::kDropoutUnroll>(dropout, coords_s, row0, n_blk * kBlockN,
+                                                                  drop_flags, wg_tidx);
+        }
+    }
+}
+
+// Dropped elements leave the P V product only (the row sums already hold every element).
+template <typename Traits, bool kDropout, typename TensorP>
+__forceinline__ __device__ void fwd_ws_apply_dropout(bool is_dropout, TensorP &rP_tile, uint4 const *drop_flags,
+                                                     int n_blk, int wg_tidx) {
+    if constexpr (kDropout) {
+        if (is_dropout) { dropout_fwd_apply<Traits::kBlockN, 128>(rP_tile, drop_flags, n_blk * Traits::kBlockN, wg_tidx); }
+    }
+}
+
 // Runs the key blocks [n_block_min, n_block_max) for the 64 rows of warpgroup wg (rows row0 ..
 // row0 + 63 of the sequence) and leaves the unnormalised O in acc_o and the statistics in softmax.
 // wg_tidx: thread index within the warpgroup.
@@ -179,7 +242,7 @@ __forceinline__ __device__ void fwd_ws_sched_arrive(uint32_t barrier) {
 //
 // kFeat: apply feat.score_mod to every S tile before the mask and, with dropout (params.p_dropout
 // > 0, Traits::kDropoutTiles only), the dropout mask to every P tile ("Dropout in the pingpong"
-// below). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
+// above). feat: this warpgroup's FwdWsFeatures (registers or shared memory); drop_flags: its
 // 4 x 128 x 16-byte flags area (each thread's keep flags of one 128-key Philox group).
 // kPersistent: the persistent kernel's call (Traits::kQInRegsFor: Q in registers for S = Q K^T).
 // q_done(): called once this warpgroup's last S GEMM of the tile has completed (its last read of
@@ -235,58 +298,6 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         }
     };
 
-    // ---- Dropout in the pingpong ----
-    // The keep flags of tile n_blk are a pure function of (seed, offset, b, h, row, col): each
-    // thread runs dropout_fwd_generate_group<128> (the counters of dropout_fwd_generate, computed
-    // from the column inside the group) on its warpgroup's (64, kBlockN) accumulator coordinates,
-    // i.e. exactly the Philox calls of the lock-step kernel's threads that own the same elements
-    // (four per 128-key group: counters (base + 4 (col / 128) + g, row / 16 * 32 +
-    // (row % 8) * 4 + (col % 8) / 2, b h) for its row = row0 + 16 warp + lane / 4 and the column
-    // col = 128 (col0 / 128) + 8 g + 2 (lane % 4) of atom g = 0..3, words t = 0..3 for the atoms
-    // 32 t apart). Only the tile widths that keep the 128-key groups whole are allowed (64, 128:
-    // Traits::kDropoutTiles; the launcher picks 128 x 128 at d128 and 128 x 64 at d256 for dropout
-    // calls). A 64-key tile shares its group with its neighbour: the first of the pair the walk
-    // (downwards) visits generates both halves, as in flash_fwd_kernel_sm90.h.
-    //
-    // Where: right after this warpgroup has issued S_t (and P_{t-1} V_{t-1}) and handed the turn
-    // to the next warpgroup (sched_arrive), before warpgroup_wait<1>. At that point the tensor
-    // cores hold, in order, the rest of the previous warpgroup's GEMMs (it issued just before our
-    // sched_sync returned), our S_t and our P V; the next warpgroup, released by our arrive, queues
-    // its GEMMs behind ours. So the ~4 x 40 integer ops per thread (20 IMAD.WIDE-class multiplies
-    // per Philox call) run while the tensor cores are busy with the other warpgroup's GEMMs and our
-    // own S_t - time this warpgroup would otherwise spend blocked in warpgroup_wait<1> - and never
-    // inside our pingpong turn, which would delay the next warpgroup's issue. The flags go to
-    // shared memory (16-byte stores, no registers held across the softmax) and come back after
-    // P_t = bf16(S_t) (dropout_fwd_apply: one PRMT + one AND per packed pair).
-    auto generate_dropout = [&](int n_blk) {
-        if constexpr (kDropout) {
-            if (is_dropout && (kBlockN == 128 || n_blk % 2 == 1 || n_blk == n_block_max - 1)) {
-                const Dropout dropout = feat.dropout;
-                dropout_fwd_generate_group<128, Traits::kDropoutUnroll>(dropout, coords_s, row0, n_blk * kBlockN,
-                                                                      drop_flags, wg_tidx);
-            }
-        }
-    };
-    // Dropped elements leave the P V product only (the row sums already hold every element).
-    auto apply_dropout = [&](auto &rP_tile, int n_blk) {
-        if constexpr (kDropout) {
-            if (is_dropout) {
-                dropout_fwd_apply<kBlockN, 128>(rP_tile, drop_flags, n_blk * kBlockN, wg_tidx);
-            }
-        }
-    };
-
-    auto zero_v_tail = [&](int stage) {
-        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
-        constexpr int kChunks = Traits::kHeadDimV / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
-        const int n = (kBlockN - v_rows_valid) * kChunks;
-        for (int i = wg_tidx; i < n; i += 128) {
-            *reinterpret_cast<uint4 *>(&sV(v_rows_valid + i / kChunks, (i % kChunks) * 8, stage)) = make_uint4(0, 0, 0, 0);
-        }
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes before wgmma (async proxy) reads
-        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(FwdWsBarrier::kEpiWG0) + wg);
-    };
-
     const int n_blocks = n_block_max - n_block_min;
     int n_block = n_block_max - 1;
 
@@ -305,7 +316,8 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     fwd_ws_sched_sync(wg);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
     fwd_ws_sched_arrive(next_barrier0);
-    generate_dropout(n_block);  // under the tensor cores' S_0 GEMMs (see above)
+    // Under the tensor cores' S_0 GEMMs (see "Dropout in the pingpong").
+    fwd_ws_generate_dropout<Traits, kDropout>(is_dropout, feat, coords_s, row0, n_block, n_block_max, drop_flags, wg_tidx);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(state_k);
@@ -318,7 +330,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
     auto rescale = softmax.template update_scores</*kFirst=*/true>(acc_s, params.scale_softmax_log2);
     Tensor rP = make_tensor<Element>(acc_s.layout());
     convert_into(acc_s, rP);
-    apply_dropout(rP, n_block);
+    fwd_ws_apply_dropout<Traits, kDropout>(is_dropout, rP, drop_flags, n_block, wg_tidx);
     clear(acc_o);
 
     // Iteration t: S_t = Q K[t]^T and O += P_{t-1} V[t-1] in flight together; the softmax of S_t
@@ -327,7 +339,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         --n_block;
         if (t == 1 && v_rows_valid < kBlockN) {  // outside the pingpong turn
             pipeline_v.consumer_wait(state_v);
-            zero_v_tail(state_v.index());
+            fwd_ws_zero_v_tail<Traits>(ss, v_rows_valid, state_v.index(), wg, wg_tidx);
         }
         Tensor acc_s_next = new_acc_s();
         const uint32_t next_barrier = fwd_ws_next_sched_barrier<Traits::kNConsumerWG>();
@@ -339,7 +351,9 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
         fwd_ws_sched_arrive(next_barrier);
-        generate_dropout(n_block);  // under the other warpgroup's GEMMs and our S_t (see above)
+        // Under the other warpgroup's GEMMs and our S_t (see "Dropout in the pingpong").
+        fwd_ws_generate_dropout<Traits, kDropout>(is_dropout, feat, coords_s, row0, n_block, n_block_max, drop_flags,
+                                                  wg_tidx);
         warpgroup_wait<1>();  // S_t ready; P V may still run
         warpgroup_fence_operand(acc_s_next);
         pipeline_k.consumer_release(state_k);
@@ -358,13 +372,15 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
         ++state_v;
         if constexpr (!kRescaleOBeforePV) { rescale_o(acc_o, rescale); }
         convert_into(acc_s_next, rP);
-        apply_dropout(rP, n_block);
+        fwd_ws_apply_dropout<Traits, kDropout>(is_dropout, rP, drop_flags, n_block, wg_tidx);
     }
 
     // Last P V (outside the pingpong turns).
     if constexpr (kRescaleOBeforePV) { rescale_o(acc_o, rescale); }
     pipeline_v.consumer_wait(state_v);
-    if (n_blocks == 1 && v_rows_valid < kBlockN) { zero_v_tail(state_v.index()); }
+    if (n_blocks == 1 && v_rows_valid < kBlockN) {
+        fwd_ws_zero_v_tail<Traits>(ss, v_rows_valid, state_v.index(), wg, wg_tidx);
+    }
     {
         Tensor tOrP = make_tensor(rP.data(), acc_layout_as_A(rP.layout()));
         wgmma</*kZeroInit=*/false, /*kWait=*/0>(tiled_mma_pv, tOrP, tOrVt(_, _, _, state_v.index()), acc_o);
@@ -379,7 +395,7 @@ __forceinline__ __device__ void fwd_ws_mma(FwdParams const &params, typename Tra
 
 }  // namespace flash
 
-// ---- Dropout in this schedule: implemented above (fwd_ws_mma, "Dropout in the pingpong"). ----
+// ---- Dropout in this schedule: implemented above ("Dropout in the pingpong", fwd_ws_generate_dropout). ----
 //
 // Compared with the lock-step kernel, where the Philox work sits between the GEMM issue and
 // warpgroup_wait<1> as well but can only hide behind the warpgroup's own S GEMM (and all
