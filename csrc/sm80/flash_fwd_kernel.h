@@ -19,6 +19,27 @@ namespace flash {
 
 using namespace cute;
 
+// The block's O (acc_o) to o_ptr_f() through shared memory (at smem, sQ's place), and the LSE of
+// this thread's row mi, lse_of(mi), to lse_ptr_f() from the threads holding column 0 (rows <
+// rows_left).
+template <typename Traits, typename TiledMma, typename TensorAcc, typename TensorCoordsRC, typename OPtrF,
+          typename LsePtrF, typename LseOf>
+__forceinline__ __device__ void fwd_store_o_lse(const FwdParams &params, TensorAcc const &acc_o, char *smem,
+                                                TensorCoordsRC const &coords_o_rc, OPtrF const &o_ptr_f,
+                                                LsePtrF const &lse_ptr_f, LseOf const &lse_of, const int rows_left,
+                                                const int tidx) {
+    constexpr int kNRows = decltype(size<0>(coords_o_rc))::value;
+    store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride, rows_left,
+                                 params.d, tidx);
+    if (get<1>(coords_o_rc(0, 0)) == 0) {
+        CUTE_UNROLL
+        for (int mi = 0; mi < kNRows; ++mi) {
+            const int row = get<0>(coords_o_rc(mi, 0));
+            if (row < rows_left) lse_ptr_f()[row] = lse_of(mi);
+        }
+    }
+}
+
 // kFeat: the variant with softcap, ALiBi and dropout (each on at run time when its parameter is
 // set); the plain variant compiles none of it. kStatic (kFeat only; attn_mods.h): 0 for that
 // run-time form, else kModStatic | the features compiled in and always on (no S_dmask).
@@ -73,15 +94,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     // out = 0, lse = +inf (the sink's logit with a learnable sink).
     if (n_block_max <= n_block_min) {
         clear(acc_o);
-        store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride,
-                                     rows_left, params.d, tidx);
-        if (get<1>(coords_o_rc(0, 0)) == 0) {
-            CUTE_UNROLL
-            for (int mi = 0; mi < kNRows; ++mi) {
-                const int row = get<0>(coords_o_rc(mi, 0));
-                if (row < rows_left) lse_ptr_f()[row] = empty_row_lse(learnable_sink_of(params, bidh));
-            }
-        }
+        fwd_store_o_lse<Traits, TiledMma>(params, acc_o, smem, coords_o_rc, o_ptr_f, lse_ptr_f,
+                                          [&](int) { return empty_row_lse(learnable_sink_of(params, bidh)); },
+                                          rows_left, tidx);
         return;
     }
 
@@ -209,15 +224,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const _
     Tensor lse = softmax.finalize(acc_o, params.scale_softmax, is_dropout ? params.rp_dropout : 1.f,
                                   learnable_sink_of(params, bidh));
     __syncthreads();  // sQ is about to be overwritten by O
-    store_tile<Traits, TiledMma>(acc_o, smem, typename Traits::SmemLayoutO{}, o_ptr_f(), params.o_row_stride, rows_left,
-                                 params.d, tidx);
-    if (get<1>(coords_o_rc(0, 0)) == 0) {
-        CUTE_UNROLL
-        for (int mi = 0; mi < kNRows; ++mi) {
-            const int row = get<0>(coords_o_rc(mi, 0));
-            if (row < rows_left) lse_ptr_f()[row] = lse(mi);
-        }
-    }
+    fwd_store_o_lse<Traits, TiledMma>(params, acc_o, smem, coords_o_rc, o_ptr_f, lse_ptr_f,
+                                      [&](int mi) { return lse(mi); }, rows_left, tidx);
 }
 
 }  // namespace flash
