@@ -110,6 +110,23 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
                          int64_t max_seqlen_k, int seqlen_q_rounded, const at::Tensor &q, at::Tensor &semaphore,
                          bool varlen);
 void check_built_and_launched(bool found, bool is_bf16, int d, int tile);
+// The backward with V narrower than Q / K (MLA; v, out, dout and dv at v's head dim, d Q's):
+// run(v, out, dout, dv, /*own_v=*/true) on the kernel with a V head dim of its own where one serves
+// the call, else run(..., false) on V, O and dO zero-padded to d (zero columns), with dV's padding
+// columns cut off afterwards. Returns whether a kernel ran.
+template <typename Run>
+bool run_bwd_narrow_v(Run &&run, const at::Tensor &v, const at::Tensor &out, const at::Tensor &dout,
+                      const at::Tensor &dv, int64_t d) {
+    if (run(v, out, dout, dv, /*own_v=*/true)) return true;
+    const int64_t head_dim_v = v.size(-1);
+    const auto padded = [&](const at::Tensor &t) { return at::constant_pad_nd(t, {0, d - head_dim_v}); };
+    std::vector<int64_t> sizes = dv.sizes().vec();
+    sizes.back() = d;
+    const at::Tensor dv_padded = at::empty(sizes, dv.options());
+    if (!run(padded(v), padded(out), padded(dout), dv_padded, /*own_v=*/false)) return false;
+    dv.copy_(dv_padded.narrow(-1, 0, head_dim_v));
+    return true;
+}
 // head_dim_v: v's head dim may be below q's and k's (the forward; see mha_fwd).
 void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v = false);
 at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q);

@@ -131,24 +131,8 @@ static std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor
             is_bf16 = params.is_bf16;
             return own_v ? flash::run_mha_bwd_head_dim_v(params, stream) : flash::run_mha_bwd(params, stream);
         };
-        bool found = false;
-        if (hd_v != d) {
-            // V narrower than Q / K (MLA): its own kernel where one serves the call, else V, O and
-            // dO zero-padded to d (zero columns; dV's padding columns are cut off after the kernel).
-            found = run(v, out, dout, dv_expanded, /*own_v=*/true);
-            if (!found) {
-                auto padded = [&](const at::Tensor &t) {
-                    at::Tensor p = at::zeros({t.size(0), t.size(1), t.size(2), d}, t.options());
-                    p.narrow(3, 0, hd_v).copy_(t);
-                    return p;
-                };
-                const at::Tensor dv_padded = at::empty({b, sk, h, d}, q.options());
-                found = run(padded(v), padded(out), padded(dout), dv_padded, /*own_v=*/false);
-                if (found) dv_expanded.copy_(dv_padded.narrow(3, 0, hd_v));
-            }
-        } else {
-            found = run(v, out, dout, dv_expanded, /*own_v=*/false);
-        }
+        const bool found = hd_v != d ? run_bwd_narrow_v(run, v, out, dout, dv_expanded, d)
+                                     : run(v, out, dout, dv_expanded, /*own_v=*/false);
         check_built_and_launched(found, is_bf16, d, tile);
         if (h_k != h) {
             at::sum_out(dk, dk_expanded.reshape({b, sk, h_k, h / h_k, d}), {3});
