@@ -110,7 +110,8 @@ def kernel_sources(archs, head_dims, dtypes):
     """(sources, defines): the translation units (paths relative to the repo root) and the
     -DFLASH_ATTN_BUILT_<dtype>_<hdim> defines of a build for these archs, head dims, dtypes."""
     sources = ["csrc/api/params.cpp", "csrc/api/dense.cpp", "csrc/api/varlen.cpp", "csrc/api/kvcache.cpp",
-               "csrc/api/module.cpp", "csrc/api/index_checks.cpp", "csrc/dispatch/flash_dispatch.cpp",
+               "csrc/api/module.cpp", "csrc/api/index_checks.cpp", "csrc/api/sdpa.cpp",
+               "csrc/dispatch/flash_dispatch.cpp",
                "csrc/api/flash_varlen_util.cu", "csrc/api/index_guard.cu", "csrc/api/sink_grad.cu"]
     defines = []
     sm90 = "90" in archs

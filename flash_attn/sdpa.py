@@ -13,6 +13,12 @@ serve raise RuntimeError, as torch's own FA3 / FA4 providers do (torch/nn/attent
 return_debug_mask=True, alibi_slopes (the backward op never sees them), and anything our kernels
 reject (dtype, head dim, heads, a configuration this build left out).
 
+SDPA's own pair, _scaled_dot_product_flash_attention and its backward, run on C++ kernels
+(csrc/api/sdpa.cpp) where the extension has them for the running torch's schemas: at short
+sequences a forward takes less GPU time than the host takes to run a Python kernel.  They hand
+the calls they do not take (head dims that need padding, scales <= 0, return_debug_mask, inputs
+the checks reject) to the Python kernels here, with the same results and errors.
+
 Dropout: the forward returns our Philox (seed, offset) as the ``rng_state`` (uint64, (2,)) and an
 empty ``unused`` tensor, and the backward reads them back.  The mask is our kernels' own, so a
 forward and a backward only agree when both run here, not across torch's kernels and ours.
@@ -22,7 +28,7 @@ import warnings
 
 import torch
 
-from flash_attn import _varlen_kvcache
+from flash_attn import _common, _varlen_kvcache
 from flash_attn import flash_attn_interface as _fai
 from flash_attn._common import _default_softmax_scale, _pad_to_multiple_of_8
 
@@ -262,33 +268,83 @@ def kernels():
     return {op: make_kernel(_schema(op), *v) for op, v in ops.items()}
 
 
+# SDPA's ops whose CUDA kernels are C++ (csrc/api/sdpa.cpp) where the extension has them and the
+# running torch's schema is the one they read (argument names in order): a forward at short
+# sequences takes less GPU time than a Python kernel takes on the host.  Their Python kernels
+# then serve, as CUDA kernels of ops of our own (aten's schema under the flash_attn namespace,
+# the name + "_fallback"), the calls the C++ ones hand over.
+_CPP_OPS = {
+    "_scaled_dot_product_flash_attention": (
+        "query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale"),
+    "_scaled_dot_product_flash_attention_backward": (
+        "grad_out", "query", "key", "value", "out", "logsumexp", "cum_seq_q", "cum_seq_k", "max_q",
+        "max_k", "dropout_p", "is_causal", "philox_seed", "philox_offset", "scale"),
+}
+
+
+def _extension_with_cpp_kernels():
+    """(the extension, the ops of _CPP_OPS it has C++ kernels for under this torch's schemas), or
+    (None, ()) where it has none."""
+    try:
+        ext = _common._get_ext()
+    except (ImportError, RuntimeError):
+        return None, ()
+    if not hasattr(ext, "sdpa_register"):
+        return None, ()
+    ops = tuple(op for op, names in _CPP_OPS.items()
+                if _schema(op) is not None
+                and tuple(arg.name for arg in _schema(op).arguments) == names)
+    return (ext, ops) if ops else (None, ())
+
+
 class _Handle:
     """What torch's registry keeps while our kernels are active; remove() unregisters them."""
 
-    def __init__(self, library):
-        self.library = library
+    def __init__(self, libraries, ext=None):
+        self.libraries = libraries
+        self.ext = ext
 
     def remove(self):
-        if self.library is not None:
-            self.library._destroy()
-            self.library = None
+        if self.ext is not None:
+            self.ext.sdpa_unregister()
+            self.ext = None
+        for library in self.libraries:
+            library._destroy()
+        self.libraries = []
 
 
 def register_kernels(dispatch_key="CUDA"):
     """Register the kernels for aten's ops under dispatch_key; returns the handle that removes
     them.  activate() is the way in: this is the registry's register_fn."""
     ks = kernels()
-    library = torch.library.Library("aten", "IMPL", dispatch_key)
+    ext, cpp_ops = _extension_with_cpp_kernels() if dispatch_key == "CUDA" else (None, ())
+    handle = _Handle([torch.library.Library("aten", "IMPL", dispatch_key)])
     try:
         with warnings.catch_warnings():
             # Replacing torch's kernel is the point; the dispatcher warns about it.
             warnings.filterwarnings("ignore", message=".*Overriding a previously registered")
             for op, kernel in ks.items():
-                library.impl(op, kernel, dispatch_key)
+                if op not in cpp_ops:
+                    handle.libraries[0].impl(op, kernel, dispatch_key)
+            if cpp_ops:
+                fallbacks = torch.library.Library("flash_attn", "FRAGMENT")
+                handle.libraries.append(fallbacks)
+                handle.ext = ext
+                for op in cpp_ops:
+                    fallbacks.define(str(_schema(op)).replace(f"aten::{op}(", f"{op}_fallback(", 1))
+                    fallbacks.impl(f"{op}_fallback", ks[op], dispatch_key)
+                    ext.sdpa_register(op, f"flash_attn::{op}_fallback")
     except BaseException:
-        library._destroy()
+        handle.remove()
         raise
-    return _Handle(library)
+    return handle
+
+
+def cpp_kernels_active():
+    """(forward, backward): whether SDPA's flash ops run on the C++ kernels (while our kernels
+    are active)."""
+    ext, _ = _extension_with_cpp_kernels()
+    return (False, False) if ext is None else tuple(bool(x) for x in ext.sdpa_registered())
 
 
 def _registry():

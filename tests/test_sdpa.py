@@ -29,7 +29,9 @@ def _dump(op):
 
 
 def _ours_registered(op, key="CUDA"):
-    return any(line.startswith(f"{key}:") and "sdpa.py" in line for line in _dump(op).splitlines())
+    # flash_attn/sdpa.py's kernels, or csrc/api/sdpa.cpp's (SDPA's forward op)
+    return any(line.startswith(f"{key}:") and re.search(r"sdpa\.(py|cpp)", line)
+               for line in _dump(op).splitlines())
 
 
 def _bhsd_leaves(b, h, hk, sq, sk, d, dtype, device):
@@ -72,9 +74,12 @@ def test_activate_and_deactivate_swap_the_cuda_kernels():
         assert sdpa.is_active()
         assert torch.nn.attention.current_flash_attention_impl() == sdpa.IMPL_NAME
         assert all(_ours_registered(op) for op in sdpa._OPS)
+        # The C++ kernels wherever the extension is built for this torch's schemas.
+        ext, ops = sdpa._extension_with_cpp_kernels()
+        assert sdpa.cpp_kernels_active() == tuple(op in ops for op in sdpa._CPP_OPS)
     finally:
         sdpa.deactivate()
-    assert not sdpa.is_active()
+    assert not sdpa.is_active() and sdpa.cpp_kernels_active() == (False, False)
     assert not any(_ours_registered(op) for op in list(sdpa._OPS) + list(sdpa._OPTIONAL_OPS))
     sdpa.deactivate()  # a no-op when not active
 
@@ -251,6 +256,14 @@ def kernel_calls(monkeypatch):
     return calls
 
 
+def _python_calls(backward=True):
+    """The Python kernel calls of one SDPA forward (and backward) on our kernels: none on the
+    C++ kernels."""
+    fwd, bwd = sdpa.cpp_kernels_active()
+    return (([] if fwd else ["_flash_attn_forward_impl"])
+            + ([] if bwd or not backward else ["_flash_attn_backward_impl"]))
+
+
 def _flash_sdpa(q, k, v, **kwargs):
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -271,8 +284,11 @@ def test_sdpa_flash_backend_runs_our_kernels(active, kernel_calls, dtype, d, cau
     out = _flash_sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=hk != h)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert kernel_calls == ["_flash_attn_forward_impl", "_flash_attn_backward_impl"]
+    assert kernel_calls == _python_calls()
     assert grads[1].shape == k.shape
+    qr, kr, vr = _bshd(q, k, v)
+    assert torch.equal(out.transpose(1, 2), flash_attn_func(qr, kr, vr, causal=causal,
+                                                            softmax_scale=scale))
     check_against_ref(out.transpose(1, 2), None, [g.transpose(1, 2) for g in grads],
                       *_bshd(q, k, v), dout.transpose(1, 2), causal, scale)
 
@@ -335,8 +351,27 @@ def test_deactivate_restores_torchs_kernels(kernel_calls):
     q, k, v = _bhsd_leaves(1, 2, 2, 77, 77, 64, torch.bfloat16, "cuda")
     sdpa.activate()
     ours = _flash_sdpa(q, k, v)
+    calls = _python_calls(backward=False)
     sdpa.deactivate()
-    assert kernel_calls == ["_flash_attn_forward_impl"]
+    assert kernel_calls == calls and sdpa.cpp_kernels_active() == (False, False)
     theirs = _flash_sdpa(q, k, v)
-    assert kernel_calls == ["_flash_attn_forward_impl"]
+    assert kernel_calls == calls
     torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=0)
+    assert torch.equal(ours.transpose(1, 2), flash_attn_func(*_bshd(q, k, v)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,scale", [(20, None), (64, -0.3), (72, 0.0)])
+def test_calls_the_cpp_kernel_hands_to_python(active, kernel_calls, d, scale):
+    """Head dims that need padding and scales <= 0 run on the Python kernel (the C++ one hands
+    them over), with its errors."""
+    require_config(torch.bfloat16, d)
+    q, k, v = _bhsd_leaves(2, 4, 2, 77, 77, d, torch.bfloat16, "cuda")
+    out = _flash_sdpa(q, k, v, scale=scale, enable_gqa=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert kernel_calls == ["_flash_attn_forward_impl", "_flash_attn_backward_impl"]
+    check_against_ref(out.transpose(1, 2), None, [g.transpose(1, 2) for g in grads],
+                      *_bshd(q, k, v), dout.transpose(1, 2), False, scale)
+    with pytest.raises(RuntimeError, match="unsupported: return_debug_mask must be False"):
+        torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, True)

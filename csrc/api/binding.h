@@ -141,12 +141,26 @@ at::Tensor run_kvcache_guard(const at::Tensor &q, const std::optional<at::Tensor
                              const std::optional<at::Tensor> &block_table, int64_t default_seqlen, int64_t seqlen_new,
                              int64_t seqlen_cache, int64_t batch_cache, int64_t page_block_size, int64_t num_blocks);
 
-// The entry points (dense.cpp, varlen.cpp, kvcache.cpp); their arguments are documented at the
+// The dense forward and backward (dense.cpp), which the SDPA kernels (sdpa.cpp) call too:
+// {out, softmax_lse, S_dmask, rng_state} and {dq, dk, dv, softmax_d}.
+std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
+                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                bool return_softmax, std::optional<at::Tensor> learnable_sink);
+std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
+                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal, bool deterministic,
+                                int64_t window_left, int64_t window_right, double softcap,
+                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                std::optional<at::Tensor> rng_state);
+
 // The entry points' pybind11 definitions, one per file (dense.cpp, varlen.cpp, kvcache.cpp,
-// index_checks.cpp); module.cpp calls them. Python wraps them in flash_attn/flash_attn_interface.py.
+// index_checks.cpp, sdpa.cpp); module.cpp calls them. Python wraps them in
+// flash_attn/flash_attn_interface.py (sdpa.cpp: flash_attn/sdpa.py).
 void bind_dense(py::module_ &m);
 void bind_varlen(py::module_ &m);
 void bind_kvcache(py::module_ &m);
 void bind_index_checks(py::module_ &m);
+void bind_sdpa(py::module_ &m);
 
 }  // namespace flash::api

@@ -6,10 +6,10 @@ namespace flash::api {
 
 // Returns {out, softmax_lse, S_dmask, rng_state}. S_dmask is empty unless return_softmax (which needs
 // dropout); rng_state is (seed, offset) of the dropout mask, zeros without dropout.
-static std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
-                                       double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
-                                       double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       bool return_softmax, std::optional<at::Tensor> learnable_sink) {
+std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::optional<at::Tensor> out_,
+                                double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
+                                double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     check_qkv_shapes(q, k, v, /*head_dim_v=*/true);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
@@ -70,12 +70,12 @@ static std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v,
     return {out_.has_value() ? out_.value() : out, lse, s_dmask, rng_state};
 }
 
-static std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                       at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
-                                       std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal,
-                                       bool deterministic, int64_t window_left, int64_t window_right, double softcap,
-                                       std::optional<at::Tensor> alibi_slopes, double p_dropout,
-                                       std::optional<at::Tensor> rng_state) {
+std::vector<at::Tensor> mha_bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                at::Tensor softmax_lse, std::optional<at::Tensor> dq_, std::optional<at::Tensor> dk_,
+                                std::optional<at::Tensor> dv_, double softmax_scale, bool is_causal, bool deterministic,
+                                int64_t window_left, int64_t window_right, double softcap,
+                                std::optional<at::Tensor> alibi_slopes, double p_dropout,
+                                std::optional<at::Tensor> rng_state) {
     // v may be narrower than q / k (head_dim_v); out, dout and dv then have v's head dim.
     check_qkv_shapes(q, k, v, /*head_dim_v=*/true);
     check_dropout(p_dropout, softcap);

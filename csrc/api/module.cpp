@@ -25,6 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     bind_varlen(m);
     bind_kvcache(m);
     bind_index_checks(m);
+    bind_sdpa(m);
     m.def("built_configs", &built_configs, "(dtype, head-dim tile) pairs compiled into this build");
     m.def("set_debug_kernel", &set_debug_kernel,
           "Testing only: force a kernel choice that the heuristics make for other calls; value 0 restores "
