@@ -141,22 +141,30 @@ void sdpa_flash_backward(const c10::OperatorHandle &, c10::DispatchKeySet, torch
 // Python's warnings, where flash_attn.sdpa silences it.
 void sdpa_register(const std::string &op, const std::string &fallback) {
     torch::PyWarningHandler warnings;
-    const bool forward = op == "_scaled_dot_product_flash_attention";
-    FLASH_CHECK(forward || op == "_scaled_dot_product_flash_attention_backward",
-                "flash_attn: no C++ SDPA kernel for ", op);
-    Registration &r = forward ? g_forward : g_backward;
-    const size_t n_args = forward ? kForwardArgs : kBackwardArgs;
-    auto &dispatcher = c10::Dispatcher::singleton();
-    const size_t n = dispatcher.findSchemaOrThrow(("aten::" + op).c_str(), "").schema().arguments().size();
-    FLASH_CHECK(n == n_args, "flash_attn: aten::", op, " has ", n, " arguments here, the C++ kernel takes ", n_args);
-    r.library.reset();
-    r.fallback = dispatcher.findSchemaOrThrow(fallback.c_str(), "");
-    r.library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA, __FILE__,
-                                                 __LINE__);
-    if (forward) {
-        r.library->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_forward>());
-    } else {
-        r.library->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_backward>());
+    try {
+        const bool forward = op == "_scaled_dot_product_flash_attention";
+        FLASH_CHECK(forward || op == "_scaled_dot_product_flash_attention_backward",
+                    "flash_attn: no C++ SDPA kernel for ", op);
+        Registration &r = forward ? g_forward : g_backward;
+        const size_t n_args = forward ? kForwardArgs : kBackwardArgs;
+        auto &dispatcher = c10::Dispatcher::singleton();
+        const size_t n = dispatcher.findSchemaOrThrow(("aten::" + op).c_str(), "").schema().arguments().size();
+        FLASH_CHECK(n == n_args, "flash_attn: aten::", op, " has ", n, " arguments here, the C++ kernel takes ",
+                    n_args);
+        r.library.reset();
+        r.fallback = dispatcher.findSchemaOrThrow(fallback.c_str(), "");
+        r.library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA,
+                                                     __FILE__, __LINE__);
+        if (forward) {
+            r.library->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_forward>());
+        } else {
+            r.library->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&sdpa_flash_backward>());
+        }
+    } catch (...) {
+        // The handler's destructor may raise the buffered warnings as Python errors: not while
+        // this exception unwinds.
+        warnings.set_in_exception();
+        throw;
     }
 }
 
