@@ -9,7 +9,7 @@ configuration takes minutes rather than hours (see docs/design.md):
 
     FLASH_ATTN_CUDA_ARCHS   SM targets to build machine code for; default: the visible GPUs'
                             (when all are sm_80/86/89/90), else "80;90". "90" means sm_90a.
-    FLASH_ATTN_HEAD_DIMS    "32,64,96,128,192,256" (default) -- head-dim tiles to instantiate
+    FLASH_ATTN_HEAD_DIMS    "32,64,96,128,192,256,512" (default) -- head-dim tiles to instantiate (512: sm_90a forward only)
     FLASH_ATTN_DTYPES       "fp16,bf16" (default)
     FLASH_ATTN_SKIP_CUDA_BUILD=1  -- install the Python package only
     FLASH_ATTN_PTXAS_VERBOSE=1    -- print registers / spills / shared memory per kernel
@@ -38,7 +38,7 @@ CUTLASS_PIN = "nvidia-cutlass==4.2.0.0"
 MIN_SETUPTOOLS = (77, 0)  # PEP 639 license metadata in pyproject.toml; bdist_wheel built in
 ALL_ARCHS = ("80", "86", "89", "90")
 NO_GPU_ARCHS = ("80", "90")
-ALL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+ALL_HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
 ALL_DTYPES = ("fp16", "bf16")
 # Peak resident memory of one nvcc process on the heaviest (sm_90a warp-specialised) units,
 # measured ~3.3 GB; the MAX_JOBS default leaves room for that per job.
@@ -117,6 +117,13 @@ def kernel_sources(archs, head_dims, dtypes):
     sm90 = "90" in archs
     for dt in dtypes:
         for d in head_dims:
+            if d == 512:
+                # Head dims 257-512: a plain forward on the warp-specialised sm_90a kernel only
+                # (nothing for other archs, no backward).
+                if sm90:
+                    sources.append(f"csrc/instantiations/flash_fwd_ws_sm90_hdim512_{dt}.cu")
+                    defines.append(f"-DFLASH_ATTN_BUILT_{dt}_512")
+                continue
             # Plain kernels and the softcap / ALiBi / dropout / deterministic variants ("_feat"),
             # one translation unit each so that they compile in parallel.
             sources += [f"csrc/instantiations/flash_{direction}_hdim{d}_{dt}{variant}.cu"
@@ -259,7 +266,7 @@ def build_plan(archs, archs_why, head_dims, dtypes, n_units, jobs, jobs_why):
             f"WARNING: to build one configuration (minutes), set e.g. {ONE_CONFIG}",
         ]
     lines.append("to build less: FLASH_ATTN_CUDA_ARCHS (80;86;89;90), FLASH_ATTN_HEAD_DIMS "
-                 "(32,64,96,128,192,256), FLASH_ATTN_DTYPES (fp16,bf16); MAX_JOBS sets the "
+                 "(32,64,96,128,192,256,512), FLASH_ATTN_DTYPES (fp16,bf16); MAX_JOBS sets the "
                  "parallel compile jobs")
     return lines
 

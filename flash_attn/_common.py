@@ -16,6 +16,10 @@ _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 # fake implementation handles it.  Real computation needs CUDA.
 _ALLOWED_DEVICE_TYPES = ("cuda", "meta")
 _MAX_HEADDIM = 256
+# The dense and varlen forwards without pages (flash_attn_func, its packed forms,
+# flash_attn_varlen_func and the private forward ops) take head dims up to this, the ones above
+# _MAX_HEADDIM on the sm_90a forward alone: plain attention, no backward (check_forward_only).
+_MAX_HEADDIM_FWD = 512
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,15 +171,17 @@ def _pad_to_multiple_of_8(x, head_size_og):
     return pad_head_dim(x, x.shape[-1] + (-head_size_og) % 8)
 
 
-def check_head_dims(q, k, v, names=("q", "k", "v")):
+def check_head_dims(q, k, v, names=("q", "k", "v"), max_headdim=_MAX_HEADDIM):
     """The head dims (last dimension) of q, k, v: k's must be q's, each of q's and v's in
-    [1, _MAX_HEADDIM]; v's may differ from q's (see kernel_head_dim)."""
+    [1, max_headdim]; v's may differ from q's (see kernel_head_dim)."""
     qn, kn, vn = names
     for x, name in ((q, qn), (v, vn)):
-        if not (1 <= x.shape[-1] <= _MAX_HEADDIM):
+        if not (1 <= x.shape[-1] <= max_headdim):
             raise FlashAttnValueError(
                 f"flash_attn: {name} has headdim {x.shape[-1]}; headdim must be between 1 and "
-                f"{_MAX_HEADDIM}"
+                f"{max_headdim}"
+                + (f" (up to {_MAX_HEADDIM_FWD} in the forward without a KV cache or pages)"
+                   if max_headdim < _MAX_HEADDIM_FWD else "")
             )
     if k.shape[-1] != q.shape[-1]:
         raise FlashAttnValueError(
@@ -218,6 +224,30 @@ def _backward_takes_head_dim_v(q, v, dropout_p):
     return torch.cuda.get_device_capability(q.device) == (9, 0)
 
 
+def check_forward_only(q, v, dropout_p, softcap, alibi_slopes, needs_backward, paged=False):
+    """Head dims above _MAX_HEADDIM (up to _MAX_HEADDIM_FWD) run on a plain forward of their
+    own: no pages, dropout, softcap or ALiBi, and no backward (needs_backward: an autograd graph
+    would be recorded).  One comparison for the head dims up to _MAX_HEADDIM."""
+    d = max(q.shape[-1], v.shape[-1])
+    if d <= _MAX_HEADDIM:
+        return
+    if d > _MAX_HEADDIM_FWD:
+        raise FlashAttnValueError(
+            f"flash_attn: q and v have headdims {q.shape[-1]} and {v.shape[-1]}; headdim must be "
+            f"between 1 and {_MAX_HEADDIM_FWD}")
+    where = f"flash_attn: head dims above {_MAX_HEADDIM} (here {d})"
+    if paged:
+        raise FlashAttnValueError(f"{where} have no paged-KV kernel: block_table must be None")
+    if dropout_p > 0.0 or softcap > 0.0 or alibi_slopes is not None:
+        raise FlashAttnValueError(
+            f"{where} run plain attention only: dropout_p must be 0, softcap 0 and alibi_slopes "
+            "None")
+    if needs_backward:
+        raise FlashAttnValueError(
+            f"{where} have a forward only, and these inputs require grad: call under "
+            "torch.no_grad() or torch.inference_mode(), or detach them")
+
+
 def pad_qkv(q, k, v, names=("q", "k", "v"), keep_v=False, takes_head_dim_v=None):
     """(q, k, v) at kernel_head_dim: the tensors themselves when the head dims of q and v are
     equal and a multiple of 8 (the callers that pad already pay nothing more), else padded
@@ -227,7 +257,8 @@ def pad_qkv(q, k, v, names=("q", "k", "v"), keep_v=False, takes_head_dim_v=None)
     d = kernel_head_dim(q.shape[-1], v.shape[-1])
     if q.shape[-1] == v.shape[-1] == d:
         return q, k, v
-    check_head_dims(q, k, v, names)
+    # (Each entry point has checked its own, lower, limit.)
+    check_head_dims(q, k, v, names, max_headdim=_MAX_HEADDIM_FWD)
     if keep_v and (takes_head_dim_v or _forward_takes_head_dim_v)(q, v):
         return q, k, v
     return pad_head_dim(q, d), pad_head_dim(k, d), pad_head_dim(v, d)
@@ -314,6 +345,12 @@ def fix_dq(dq, sign):
 # The callers pass their op (or its implementation) in, so that what each module exposes
 # (its _wrapped_* ops, _ext_for) is looked up there, at call time.
 # ---------------------------------------------------------------------------------------
+
+
+def check_backward_head_dims(q, k, v):
+    """The backward's head dims: up to _MAX_HEADDIM (one comparison when they are)."""
+    if max(q.shape[-1], v.shape[-1]) > _MAX_HEADDIM:
+        check_head_dims(q, k, v)
 
 
 def check_rng_state(dropout_p, rng_state):

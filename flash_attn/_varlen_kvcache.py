@@ -33,7 +33,8 @@ from flash_attn._checks import (
     fmt_shape as _fmt_shape,
 )
 from flash_attn._common import (
-    _ALLOWED_DEVICE_TYPES, _HAS_CUSTOM_OP, _MAX_HEADDIM, _SUPPORTED_DTYPES, _default_softmax_scale,
+    _ALLOWED_DEVICE_TYPES, _HAS_CUSTOM_OP, _MAX_HEADDIM, _MAX_HEADDIM_FWD, _SUPPORTED_DTYPES,
+    _default_softmax_scale,
     _ext_for, _get_ext, _is_compiling, _torch_custom_op_wrapper,
     _torch_register_fake_wrapper, check_index_errors, fix_dq as _fix_dq,
     kernel_q_and_scale as _kernel_q_and_scale,
@@ -166,8 +167,9 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_same(v, q, vn, qn)
     _, nheads, _ = q.shape
     nheads_k = k.shape[-2]
-    # v's head dim may differ from q's and k's (MLA); the packed forms have one head dim.
-    _common.check_head_dims(q, k, v, names)
+    # v's head dim may differ from q's and k's (MLA); the packed forms have one head dim. Above
+    # _MAX_HEADDIM, without pages: the forward alone (_common.check_forward_only).
+    _common.check_head_dims(q, k, v, names, max_headdim=_MAX_HEADDIM if paged else _MAX_HEADDIM_FWD)
     if v.shape[:-1] != k.shape[:-1]:
         raise FlashAttnValueError(
             f"flash_attn: {vn} must have the same shape as {kn} but for the head dim, got "
@@ -264,6 +266,8 @@ def _flash_attn_varlen_forward(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _check_dropout_softcap(dropout_p, softcap)
     _check_return_softmax(return_softmax, dropout_p)
+    _common.check_forward_only(q, v, dropout_p, softcap, alibi_slopes, False,
+                               paged=block_table is not None)
     _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
     _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
@@ -289,7 +293,8 @@ def _flash_attn_varlen_forward(
 @_common.register_fake_for("flash_attn::_flash_attn_varlen_forward", _flash_attn_varlen_forward)
 def _flash_attn_varlen_forward_fake(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
                                     softcap, return_softmax, learnable_sink, **_):
-    _common.check_head_dims(q, k, v)
+    _common.check_head_dims(q, k, v, max_headdim=_MAX_HEADDIM_FWD)
+    _common.check_forward_only(q, v, dropout_p, softcap, None, False)
     _check_dropout_softcap(dropout_p, softcap)
     _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     _check_return_softmax(return_softmax, dropout_p)
@@ -312,6 +317,7 @@ def _flash_attn_varlen_backward(
     rng_state: Optional[torch.Tensor] = None, zero_tensors: bool = False,
 ) -> torch.Tensor:
     _check_dropout_softcap(dropout_p, softcap)
+    _common.check_backward_head_dims(q, k, v)
     _check_alibi(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
     _common.check_rng_state(dropout_p, rng_state)
     max_seqlen_q, max_seqlen_k, cu_seqlens_q, cu_seqlens_k = _check_varlen_op_values(
@@ -388,6 +394,8 @@ def _varlen_forward(ctx, inputs, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     _checks.check_learnable_sink(learnable_sink, q.shape[1], q.device)
     is_grad = is_grad_enabled and (any(x.requires_grad for x in inputs) or (
         learnable_sink is not None and learnable_sink.requires_grad))
+    _common.check_forward_only(q, v, dropout_p, softcap, alibi_slopes, is_grad,
+                               paged=block_table is not None)
     # Whether the op checks the values of cu_seqlens now: then the backward need not again.
     values_checked = is_grad and _checks.value_checks_apply(cu_seqlens_q, cu_seqlens_k)
     result = _common.padded_forward(

@@ -32,6 +32,7 @@ from flash_attn._common import (  # noqa: F401 (re-exported names)
     _ALLOWED_DEVICE_TYPES,
     _HAS_CUSTOM_OP,
     _MAX_HEADDIM,
+    _MAX_HEADDIM_FWD,
     _SUPPORTED_DTYPES,
     _default_softmax_scale,
     _ext_for,
@@ -142,7 +143,8 @@ def _valid_qkv(q, k, v):
     _, sk, hk, dk = ks
     dv = vs[3]
     if not (b >= 1 and sq >= 1 and sk >= 1 and hk >= 1 and h % hk == 0 and ks[0] == b
-            and vs[:3] == ks[:3] and dk == d and 1 <= d <= _MAX_HEADDIM and 1 <= dv <= _MAX_HEADDIM):
+            and vs[:3] == ks[:3] and dk == d and 1 <= d <= _MAX_HEADDIM_FWD
+            and 1 <= dv <= _MAX_HEADDIM_FWD):
         return False
     if ((d != 1 and q.stride(3) != 1) or (d != 1 and k.stride(3) != 1)
             or (dv != 1 and v.stride(3) != 1)):
@@ -216,8 +218,9 @@ def _check_inputs(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes
                 f"flash_attn: {name} has batch size {x.shape[0]} but {qn} has batch size "
                 f"{batch_size}; q, k and v must have the same batch size"
             )
-    # v's head dim may differ from q's and k's (MLA); the packed forms have one head dim.
-    _common.check_head_dims(q, k, v, names)
+    # v's head dim may differ from q's and k's (MLA); the packed forms have one head dim. Above
+    # _MAX_HEADDIM: the forward alone (_common.check_forward_only, once is_grad is known).
+    _common.check_head_dims(q, k, v, names, max_headdim=_MAX_HEADDIM_FWD)
     if v.shape[:3] != k.shape[:3]:
         raise FlashAttnValueError(
             f"flash_attn: v must have the same shape as k but for the head dim (batch_size, "
@@ -295,6 +298,7 @@ def _flash_attn_forward_impl(
     8: the kernels then run on padded copies (_common.pad_qkv)."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
+    _common.check_forward_only(q, v, dropout_p, softcap, alibi_slopes, False)
     _checks.check_learnable_sink(learnable_sink, q.shape[2], q.device)
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
                                         k.shape[1], alibi_slopes is not None)
@@ -321,7 +325,8 @@ _flash_attn_forward = _torch_custom_op_wrapper(
 @_common.register_fake_for("flash_attn::_flash_attn_forward", _flash_attn_forward_impl)
 def _flash_attn_forward_fake(q, k, v, dropout_p, causal, window_size_left, window_size_right,
                              softcap, alibi_slopes, return_softmax, learnable_sink, **_):
-    _common.check_head_dims(q, k, v)
+    _common.check_head_dims(q, k, v, max_headdim=_MAX_HEADDIM_FWD)
+    _common.check_forward_only(q, v, dropout_p, softcap, alibi_slopes, False)
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, False, q.shape[1], k.shape[1])
     _checks.check_learnable_sink(learnable_sink, q.shape[2], q.device)
@@ -344,6 +349,7 @@ def _flash_attn_backward_impl(
     dout and out have v's, dq and dk q's, dv v's."""
     _check_features(dropout_p, causal, window_size_left, window_size_right, softcap,
                     alibi_slopes, deterministic, q.shape[1], k.shape[1])
+    _common.check_backward_head_dims(q, k, v)
     is_causal, wl, wr = _resolve_window(causal, window_size_left, window_size_right, q.shape[1],
                                         k.shape[1], alibi_slopes is not None)
     _check_alibi(alibi_slopes, q.shape[0], q.shape[2], q.device)
@@ -417,6 +423,7 @@ def _dense_forward(ctx, inputs, dropout_p, softmax_scale, causal, window_size, s
         q, k, v = qkv[:, :, 0].detach(), qkv[:, :, 1].detach(), qkv[:, :, 2].detach()
     elif kv is not None:
         k, v = kv[:, :, 0].detach(), kv[:, :, 1].detach()
+    _common.check_forward_only(q, v, dropout_p, softcap, alibi_slopes, is_grad)
     forward_fn = _flash_attn_forward_impl if _eager_direct(q) else _wrapped_flash_attn_forward
     return _common.padded_forward(ctx, forward_fn, q, k, v, (), dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,

@@ -437,10 +437,10 @@ class CpuExt:
         self.calls = []
 
     def built_configs(self):
-        return [(n, t) for n in ("fp16", "bf16") for t in (32, 64, 96, 128, 192, 256)]
+        return [(n, t) for n in ("fp16", "bf16") for t in (32, 64, 96, 128, 192, 256, 512)]
 
     def head_dim_tile(self, d):
-        return next((t for t in (32, 64, 96, 128, 192, 256) if d <= t), -1)
+        return next((t for t in (32, 64, 96, 128, 192, 256, 512) if d <= t), -1)
 
     @staticmethod
     def _ints(*xs):

@@ -835,7 +835,7 @@ def test_unbuilt_config_raises_clear_error():
     ext = require_gpu()
     configs = built_configs()
     for dtype in DTYPES:
-        for d in (32, 64, 96, 128, 192, 256):
+        for d in (32, 64, 96, 128, 192, 256, 512):
             tile = int(ext.head_dim_tile(d))
             if (DTYPE_NAMES[dtype], tile) not in configs:
                 q = torch.randn(1, 8, 1, d, device="cuda", dtype=dtype)
@@ -855,7 +855,7 @@ def test_extension_importable():
     configs = built_configs()
     assert configs, "flash_attn._C.built_configs() is empty"
     for name, tile in configs:
-        assert name in ("fp16", "bf16") and tile in (32, 64, 96, 128, 192, 256), (name, tile)
+        assert name in ("fp16", "bf16") and tile in (32, 64, 96, 128, 192, 256, 512), (name, tile)
     for d, tile in [(8, 32), (32, 32), (40, 64), (64, 64), (96, 96), (128, 128), (160, 192),
-                    (192, 192), (224, 256), (256, 256)]:
+                    (192, 192), (224, 256), (256, 256), (264, 512), (512, 512), (520, -1)]:
         assert int(ext.head_dim_tile(d)) == tile, (d, ext.head_dim_tile(d))

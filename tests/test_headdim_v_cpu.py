@@ -56,9 +56,9 @@ def _bad_dense(case, device):
     return {
         "k_headdim": ((q, k[..., :128], v),
                       r"^flash_attn: k has headdim 128 but q has headdim 192"),
-        "v_headdim_too_large": ((q, k, _t(2, 23, 2, 264, device=device)),
-                                r"^flash_attn: v has headdim 264; headdim must be between 1 and "
-                                r"256"),
+        "v_headdim_too_large": ((q, k, _t(2, 23, 2, 520, device=device)),
+                                r"^flash_attn: v has headdim 520; headdim must be between 1 and "
+                                r"512"),
         "v_headdim_zero": ((q, k, v[..., :0]), r"^flash_attn: v has headdim 0"),
         "v_seqlen": ((q, k, v[:, :5]), r"^flash_attn: v must have the same shape as k but for "
                                         r"the head dim"),
@@ -81,7 +81,7 @@ def test_varlen_head_dim_errors():
     q, k, v, cu_q, cu_k, mq, mk = _varlen(192, 128, device=device)
     cases = [
         ((q, k[..., :128], v), r"^flash_attn: k has headdim 128 but q has headdim 192"),
-        ((q, k, _t(v.shape[0], 2, 300, device=device)), r"^flash_attn: v has headdim 300"),
+        ((q, k, _t(v.shape[0], 2, 520, device=device)), r"^flash_attn: v has headdim 520"),
         ((q, k, v[:4]), r"^flash_attn: v must have the same shape as k but for the head dim"),
     ]
     for (qq, kk, vv), match in cases:

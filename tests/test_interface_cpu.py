@@ -148,8 +148,8 @@ def _bad_case(case, device):
     if case == "v_shape_mismatch":
         return (q, k, v[:, :5]), ValueError, r"\bv\b must have the same shape as k"
     if case == "headdim_too_large":
-        q, k, v = _qkv(d=264, device=device)
-        return (q, k, v), ValueError, r"\bq\b has headdim 264.*256"
+        q, k, v = _qkv(d=520, device=device)
+        return (q, k, v), ValueError, r"\bq\b has headdim 520.*512"
     if case == "nheads_not_divisible":
         q, k, v = _qkv(h=6, hk=4, device=device)
         return (q, k, v), ValueError, r"heads in q \(6\).*divisible.*nheads_k=4"
@@ -219,8 +219,8 @@ def test_packed_layout_validation(device):
         flash_attn_qkvpacked_func(_t(2, 17, 4, 64, device=device))
     with pytest.raises(TypeError, match=r"\bqkv\b has dtype torch.float32"):
         flash_attn_qkvpacked_func(_t(2, 17, 3, 4, 64, device=device, dtype=torch.float32))
-    with pytest.raises(ValueError, match=r"\bqkv\b has headdim 512"):
-        flash_attn_qkvpacked_func(_t(2, 17, 3, 4, 512, device=device))
+    with pytest.raises(ValueError, match=r"\bqkv\b has headdim 520"):
+        flash_attn_qkvpacked_func(_t(2, 17, 3, 4, 520, device=device))
     q = _t(2, 17, 6, 64, device=device)
     with pytest.raises(ValueError, match=r"kv must have shape \(batch_size, seqlen_k, 2"):
         flash_attn_kvpacked_func(q, _t(2, 33, 3, 2, 64, device=device))

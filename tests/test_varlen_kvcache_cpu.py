@@ -158,7 +158,7 @@ def test_varlen_validation_errors():
         flash_attn_varlen_func(_m(30, 6, 64, device="cpu"), _m(40, 2, 64, device="cpu"),
                                _m(40, 2, 64, device="cpu"), _cu(3, "cpu"), _cu(3, "cpu"), 10, 10)
     with pytest.raises(ValueError, match="headdim"):
-        flash_attn_varlen_func(_m(30, 6, 300), _m(40, 2, 300), _m(40, 2, 300), cu, cu, 10, 10)
+        flash_attn_varlen_func(_m(30, 6, 520), _m(40, 2, 520), _m(40, 2, 520), cu, cu, 10, 10)
 
 
 def test_varlen_paged_validation():

@@ -34,6 +34,9 @@ std::string concat(const Args &...args) {
     do { if (!(cond)) throw std::runtime_error(concat(__VA_ARGS__)); } while (0)
 
 constexpr int kMaxHeadDim = 256;
+// The dense and varlen forwards' (head dims 257-512: the sm_90a forward alone, see
+// run_mha_fwd_ws_sm90_d512).
+constexpr int kMaxHeadDimFwd = 512;
 // Whether the sm_90a (wgmma) kernels may run; tests and benchmarks switch them off to exercise
 // and compare the SM80-class path on the same GPU.
 extern bool g_sm90_enabled;
@@ -128,7 +131,8 @@ bool run_bwd_narrow_v(Run &&run, const at::Tensor &v, const at::Tensor &out, con
     return true;
 }
 // head_dim_v: v's head dim may be below q's and k's (the forward; see mha_fwd).
-void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v = false);
+void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v = false,
+                      int64_t max_head_dim = kMaxHeadDim);
 at::Tensor checked_int_vector(const at::Tensor &t, const char *name, int64_t n, const at::Tensor &q);
 const int *optional_ints(const std::optional<at::Tensor> &t, const char *name, int64_t n, const at::Tensor &q,
                          at::Tensor &holder);

@@ -10,7 +10,7 @@ std::vector<at::Tensor> mha_fwd(at::Tensor q, at::Tensor k, at::Tensor v, std::o
                                 double softmax_scale, bool is_causal, int64_t window_left, int64_t window_right,
                                 double softcap, std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                 bool return_softmax, std::optional<at::Tensor> learnable_sink) {
-    check_qkv_shapes(q, k, v, /*head_dim_v=*/true);
+    check_qkv_shapes(q, k, v, /*head_dim_v=*/true, kMaxHeadDimFwd);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
                 "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");

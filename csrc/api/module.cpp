@@ -8,7 +8,7 @@ namespace flash::api {
 std::vector<std::tuple<std::string, int>> built_configs() {
     std::vector<std::tuple<std::string, int>> configs;
     for (bool is_bf16 : {false, true}) {
-        for (int tile : {32, 64, 96, 128, 192, 256}) {
+        for (int tile : {32, 64, 96, 128, 192, 256, 512}) {
             if (flash::is_built(is_bf16, tile)) configs.emplace_back(dtype_name(is_bf16), tile);
         }
     }
@@ -41,7 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return false;
 #endif
     }, "Whether this build contains sm_90a kernels");
-    m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 256)");
+    m.def("head_dim_tile", &flash::head_dim_tile, "The kernel head-dim tile a head dim runs in (-1 above 512; 512: forward only)");
     // The size-dependent kernel choices of common/heuristics.h, for CPU unit tests.
     m.def("heuristic_splitkv_splits", [](int ctas, int sms, int64_t max_seqlen_k, bool paged, bool one_cta_per_sm) {
         return one_cta_per_sm ? flash::splitkv_heuristic_sm90(ctas, sms, max_seqlen_k)

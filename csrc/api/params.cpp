@@ -478,7 +478,8 @@ void check_built_and_launched(bool found, bool is_bf16, int d, int tile) {
     FLASH_CHECK_RUNTIME(err.empty(), "flash_attn: CUDA error: ", err);
 }
 
-void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v) {
+void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool head_dim_v,
+                      int64_t max_head_dim) {
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
     check_tensor(q, "q", q);
@@ -492,8 +493,8 @@ void check_qkv_shapes(const at::Tensor &q, const at::Tensor &k, const at::Tensor
     FLASH_CHECK(k.sizes() == v.sizes() || (head_dim_v && same_but_head_dim), "flash_attn: k and v must have the same shape",
                 head_dim_v ? " (v's head dim may be a smaller multiple of 8)" : "", ", got ", k.sizes(), " and ", v.sizes());
     FLASH_CHECK(k.size(3) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(3));
-    FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
-                kMaxHeadDim, " here (the Python layer pads), got ", d);
+    FLASH_CHECK(d % 8 == 0 && d <= max_head_dim, "flash_attn: head dim must be a multiple of 8 and at most ",
+                max_head_dim, " here (the Python layer pads), got ", d);
     FLASH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "flash_attn: nheads (", q.size(2),
                 ") must be divisible by nheads_k (", k.size(2), ")");
 }

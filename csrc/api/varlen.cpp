@@ -24,7 +24,7 @@ void check_varlen_tensor(const at::Tensor &t, const char *name, const at::Tensor
 
 // head_dim_v: v's head dim may be a smaller multiple of 8 than q's (the forward without pages).
 void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool paged,
-                      bool head_dim_v = false) {
+                      bool head_dim_v = false, int64_t max_head_dim = kMaxHeadDim) {
     FLASH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
                 "flash_attn: q must be float16 or bfloat16, got ", q.scalar_type());
     check_varlen_tensor(q, "q", q, 3, "(total_q, nheads, headdim)");
@@ -38,8 +38,8 @@ void check_varlen_qkv(const at::Tensor &q, const at::Tensor &k, const at::Tensor
                 " and ", v.sizes());
     const int64_t d = q.size(2);
     FLASH_CHECK(k.size(-1) == d, "flash_attn: q and k must have the same head dim, got ", d, " and ", k.size(-1));
-    FLASH_CHECK(d % 8 == 0 && d <= kMaxHeadDim, "flash_attn: head dim must be a multiple of 8 and at most ",
-                kMaxHeadDim, " here (the Python layer pads), got ", d);
+    FLASH_CHECK(d % 8 == 0 && d <= max_head_dim, "flash_attn: head dim must be a multiple of 8 and at most ",
+                max_head_dim, " here (the Python layer pads), got ", d);
     const int64_t h_k = k.size(-2);
     FLASH_CHECK(h_k > 0 && q.size(1) % h_k == 0, "flash_attn: nheads (", q.size(1), ") must be divisible by nheads_k (",
                 h_k, ")");
@@ -118,7 +118,7 @@ static std::vector<at::Tensor> mha_varlen_fwd(at::Tensor q, at::Tensor k, at::Te
                                               std::optional<at::Tensor> alibi_slopes, double p_dropout,
                                               bool return_softmax, std::optional<at::Tensor> learnable_sink) {
     const bool paged = block_table_.has_value();
-    check_varlen_qkv(q, k, v, paged, /*head_dim_v=*/true);
+    check_varlen_qkv(q, k, v, paged, /*head_dim_v=*/true, paged ? kMaxHeadDim : kMaxHeadDimFwd);
     check_dropout(p_dropout, softcap);
     FLASH_CHECK(!return_softmax || p_dropout > 0.0,
                 "flash_attn: return_softmax is only supported when dropout_p > 0 (as upstream)");

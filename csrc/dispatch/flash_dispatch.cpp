@@ -18,6 +18,9 @@ namespace flash {
     void run_mha_bwd_feat_##dtype##_hdim##d(BwdParams &params, cudaStream_t stream);
 FLASH_FOR_EACH_CONFIG(FLASH_DECLARE)
 #undef FLASH_DECLARE
+// Head dim 512: a forward only (sm_90a; instantiations/flash_fwd_ws_sm90_hdim512_*.cu).
+void run_mha_fwd_fp16_hdim512(FwdParams &params, cudaStream_t stream);
+void run_mha_fwd_bf16_hdim512(FwdParams &params, cudaStream_t stream);
 
 namespace {
 thread_local std::string g_last_error;
@@ -40,6 +43,8 @@ struct Entry {
 #define FLASH_ENTRY(dtype, d)                                                                  \
     {FLASH_IS_BF16_##dtype, d, &run_mha_fwd_##dtype##_hdim##d, &run_mha_bwd_##dtype##_hdim##d, \
      &run_mha_fwd_feat_##dtype##_hdim##d, &run_mha_bwd_feat_##dtype##_hdim##d},
+// A plain forward and nothing else (no backward, no feature kernels).
+#define FLASH_ENTRY_FWD_ONLY(dtype, d) {FLASH_IS_BF16_##dtype, d, &run_mha_fwd_##dtype##_hdim##d, nullptr, nullptr, nullptr},
 
 const Entry kEntries[] = {
 #ifdef FLASH_ATTN_BUILT_fp16_32
@@ -78,6 +83,12 @@ const Entry kEntries[] = {
 #ifdef FLASH_ATTN_BUILT_bf16_256
     FLASH_ENTRY(bf16, 256)
 #endif
+#ifdef FLASH_ATTN_BUILT_fp16_512
+    FLASH_ENTRY_FWD_ONLY(fp16, 512)
+#endif
+#ifdef FLASH_ATTN_BUILT_bf16_512
+    FLASH_ENTRY_FWD_ONLY(bf16, 512)
+#endif
     {false, 0, nullptr, nullptr, nullptr, nullptr},  // sentinel: keeps the array non-empty in a reduced build
 };
 
@@ -112,7 +123,7 @@ int device_sm(int device) {
 }
 
 int head_dim_tile(int d) {
-    for (int tile : {32, 64, 96, 128, 192, 256}) {
+    for (int tile : {32, 64, 96, 128, 192, 256, 512}) {
         if (d <= tile) return tile;
     }
     return -1;
@@ -121,13 +132,16 @@ int head_dim_tile(int d) {
 bool is_built(bool is_bf16, int tile) { return find(is_bf16, tile) != nullptr; }
 
 namespace {
-// Runs the built entry's plain or feature launcher (false: no such build).
+// Runs the built entry's plain or feature launcher (false: no such build, or none for this
+// direction / feature set: head dim 512 has a plain forward only).
 template <typename Params>
 bool run_entry(Params &params, cudaStream_t stream, Runner<Params> Entry::*plain, Runner<Params> Entry::*feat) {
     const Entry *e = find(params.is_bf16, params.head_dim_tile);
     if (e == nullptr) return false;
+    const Runner<Params> run = e->*(has_features(params) ? feat : plain);
+    if (run == nullptr) return false;
     g_last_error.clear();
-    (e->*(has_features(params) ? feat : plain))(params, stream);
+    run(params, stream);
     return true;
 }
 }  // namespace

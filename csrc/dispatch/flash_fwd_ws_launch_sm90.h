@@ -193,4 +193,30 @@ bool run_mha_fwd_ws_sm90_head_dim_v(FwdParams &params, cudaStream_t stream) {
     return true;
 }
 
+// Head dims 257-512, plain calls (forward only): Q / K 512 wide with V / O 256 wide, 128 x 32
+// tiles, 2 stages (Q 128 KB + 2 x (K 32 + V 16 KB) = 224 KB; O staged in the Q tiles), launched
+// once per 256-column half of V and O (the second half's V / O pointers 256 columns on, its V
+// width what is left of d). S is computed twice, so at most 2/3 of the GEMM work is useful:
+// a stopgap until O is split across warpgroups. Both launches write the same LSE. Returns false
+// (nothing launched) where the kernel does not serve the call (score modifiers, dropout, strides
+// or KV-cache refinements fwd_ws_serves rejects, a V head dim other than d).
+template <typename Element>
+using FwdWsTraitsHeadDim512 = FwdWsTraitsSm90<512, 32, 2, Element, 2, 256>;
+
+template <typename Element>
+bool run_mha_fwd_ws_sm90_d512(FwdParams &params, cudaStream_t stream) {
+    using Traits = FwdWsTraitsHeadDim512<Element>;
+    static_assert(Traits::kSmemSize <= 227 * 1024);
+    if (params.dv != params.d || params.d <= 256) return false;
+    FwdParams halves[2] = {params, params};
+    for (int h = 0; h < 2; ++h) {
+        halves[h].dv = std::min(256, params.d - 256 * h);
+        halves[h].v_ptr = static_cast<char *>(params.v_ptr) + 256 * h * sizeof(Element);
+        halves[h].o_ptr = static_cast<char *>(params.o_ptr) + 256 * h * sizeof(Element);
+        if (!fwd_ws_serves<Traits, false>(halves[h])) return false;
+    }
+    for (FwdParams &half : halves) fwd_ws_launch<Traits, false>(half, stream);
+    return true;
+}
+
 }  // namespace flash
