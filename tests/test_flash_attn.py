@@ -141,6 +141,20 @@ def test_flash_attn_backward_paths(path, dtype, d, sq, sk, causal, b, h, hk):
         _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
+# The WS backward's launch order (set_debug_kernel "bwd_ws_head_group": heads whose key blocks are
+# interleaved, longest first on causal calls; 0 = the heuristic): every (key block, batch, head)
+# exactly once whatever the group, including a last group of fewer heads (3 into 2 x 5 heads).
+@pytest.mark.parametrize("group", [1, 3, 64])
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk", [
+    pytest.param(torch.bfloat16, 128, 1023, 1024, True, 2, 5, 5, id="d128-causal"),
+    pytest.param(torch.bfloat16, 64, 300, 777, True, 3, 4, 2, id="d64-causal-gqa"),
+    pytest.param(torch.float16, 256, 257, 257, True, 2, 3, 1, id="d256-causal-mqa"),
+])
+def test_flash_attn_backward_launch_order(group, dtype, d, sq, sk, causal, b, h, hk):
+    with debug_kernel("bwd_ws_head_group", group):
+        _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
 # The sm_90a forward's plain calls run the persistent warp-specialised kernel (one CTA per SM
 # walking the tiles; dynamic tile order for causal / window calls) for head-dim tiles 64 / 128 up
 # to 8k keys, one CTA per tile elsewhere. Both forms do the same per-tile math in the same order:

@@ -43,6 +43,15 @@ def test_deterministic_splits():
             assert 1 <= ext.heuristic_deterministic_splits(bh, n_blocks, SMS) <= min(8, n_blocks)
 
 
+def test_bwd_ws_causal_head_group():
+    # The group's Q, dO and fp32 dQ (8 bytes per element) within 32 MB, 1 to 16 heads.
+    assert ext.heuristic_bwd_ws_causal_head_group(128, 2048) == 16
+    assert ext.heuristic_bwd_ws_causal_head_group(128, 8192) == 4
+    assert ext.heuristic_bwd_ws_causal_head_group(256, 8192) == 2
+    assert ext.heuristic_bwd_ws_causal_head_group(256, 1 << 20) == 1
+    assert ext.heuristic_bwd_ws_causal_head_group(64, 1) == 16
+
+
 @pytest.mark.parametrize("tile, sq, sk, left, right, expected", [
     (64, 512, 512, -1, 0, (True, True)),        # short causal d64: persistent, 128-row tiles
     (64, 2048, 2048, -1, 0, (True, False)),     # longer causal: FA3's 192-row tiles

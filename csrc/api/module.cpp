@@ -49,6 +49,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }, "Key splits of a split-KV call with `ctas` CTAs before splitting (one_cta_per_sm: the sm_90a decode kernel and "
        "the d128 wide shape)", py::arg("ctas"), py::arg("sms"), py::arg("max_seqlen_k"), py::arg("paged"),
           py::arg("one_cta_per_sm"));
+    m.def("heuristic_bwd_ws_causal_head_group", &flash::bwd_ws_causal_head_group,
+          "Heads interleaved in the causal WS backward's launch order", py::arg("head_dim_tile"), py::arg("seqlen_q"));
     m.def("heuristic_deterministic_splits", &flash::deterministic_splits,
           "dq_accum slices per (b, h) of the sliced deterministic backward", py::arg("bh"), py::arg("n_blocks"),
           py::arg("sms"));

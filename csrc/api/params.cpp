@@ -29,6 +29,7 @@ struct DebugKernel {
     bool fwd_tma_o_off = false;     // O by 16-byte stores of every thread, as on varlen calls
     bool fwd_zero_fill = false;     // the per-call zeroed rng_state / tile counter of graph capture
     bool bwd_lockstep = false;      // the lock-step sm_90a backward, as for the calls the WS one declines
+    int bwd_ws_head_group = 0;      // 0: the binding chooses (BwdParams::bwd_ws_head_group); n: n heads
 } g_debug;
 
 // Returns an empty string, or what is wrong with (name, value): a C++ exception leaving the
@@ -53,8 +54,13 @@ std::string set_debug_kernel(const std::string &name, int64_t value) {
     if (name == "fwd_tma_o_off") return flag(g_debug.fwd_tma_o_off);
     if (name == "fwd_zero_fill") return flag(g_debug.fwd_zero_fill);
     if (name == "bwd_lockstep") return flag(g_debug.bwd_lockstep);
+    if (name == "bwd_ws_head_group") {
+        if (value < 0 || value > 1024) return what + "value must be 0 (heuristic) or a head count up to 1024";
+        g_debug.bwd_ws_head_group = static_cast<int>(value);
+        return "";
+    }
     return what + "unknown name; known: 'fwd_ws_d64_rows', 'fwd_ws_persistent', 'fwd_tma_o_off', 'fwd_zero_fill', "
-                  "'bwd_lockstep'";
+                  "'bwd_lockstep', 'bwd_ws_head_group'";
 }
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -214,7 +220,16 @@ void set_fwd_ws_switches(flash::FwdParams &p, const at::Tensor &rng_buffer, bool
 // exchange form, with the score-modifier / dropout / deterministic variant), dQ through shared
 // memory and one bulk reduce-add per tile (swizzled), dS^T stored with stmatrix, 128-row query
 // blocks at d64; the SM80-class backward computes dQ before dK. docs/perf-notes.md has the numbers.
-void set_backward_switches(flash::BwdParams &params) { params.bwd_ws = !g_debug.bwd_lockstep; }
+// After make_dq_accum (which sets the deterministic calls' head group).
+void set_backward_switches(flash::BwdParams &params) {
+    params.bwd_ws = !g_debug.bwd_lockstep;
+    if (!params.bwd_ws_det) {
+        params.bwd_ws_head_group = params.window_right < flash::kWindowUnbounded
+                                       ? flash::bwd_ws_causal_head_group(params.head_dim_tile, params.seqlen_q)
+                                       : 1;
+    }
+    if (g_debug.bwd_ws_head_group > 0) params.bwd_ws_head_group = g_debug.bwd_ws_head_group;
+}
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least
 // seqlen_k long is unbounded, causal means right = 0.
@@ -412,7 +427,7 @@ int ws_deterministic_splits(const flash::BwdParams &p, int64_t max_seqlen_k) {
 }
 
 // How many heads' key blocks the WS deterministic causal backward interleaves in its launch order
-// (BwdParams::bwd_ws_det_head_group). H200 bf16 8k causal, deterministic backward /
+// (BwdParams::bwd_ws_head_group). H200 bf16 8k causal, deterministic backward /
 // default for 1 / 2 / 4 heads: d64 1.014 / 1.011 /
 // 1.005, d128 1.037 / 1.045 / 1.055, d256 1.214 / **1.191** / 1.385 (4 heads' Q, dO and fp32 dQ
 // slices, 64 MB, no longer fit in L2). Default: 2 at head dim 256, else 1 (one head after the
@@ -439,7 +454,8 @@ at::Tensor make_dq_accum(flash::BwdParams &p, bool deterministic, std::vector<in
         semaphore = at::zeros({splits, b, h, seqlen_q_rounded / 64}, q.options().dtype(at::kInt));
         p.dq_semaphore_ptr = semaphore.data_ptr<int>();
         p.bwd_ws_det = true;
-        p.bwd_ws_det_head_group = ws_det_head_group(p);
+        // The head group orders only the downward walk (causal); upward, one head after the other.
+        p.bwd_ws_head_group = p.window_right < flash::kWindowUnbounded ? ws_det_head_group(p) : 1;
         return dq_accum;
     }
     const int sm90_splits = deterministic ? sm90_deterministic_splits(p, b * h, max_seqlen_k, q.get_device()) : 0;

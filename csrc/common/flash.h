@@ -211,11 +211,12 @@ struct BwdParams : FwdParams {
     // same zeroed slices.
     bool bwd_ws_det;
     int dq_slice_block_m, dq_slice_block_n;
-    // Deterministic WS calls walking the key blocks downwards (causal / bounded right window): the
-    // heads whose CTAs are interleaved in the launch order, key block by key block (1 = one head
-    // after the other; set by the binding, ws_det_head_group: 2 at head dim 256, else 1; 0 reads
-    // as 1). See bwd_ws_tile_coords (sm90/flash_bwd_ws_kernel_sm90.h).
-    int bwd_ws_det_head_group;
+    // WS calls with a bounded right window (causal): the heads whose CTAs are interleaved in the
+    // launch order, key block by key block (1 = one head after the other, 0 reads as 1), key block
+    // 0 (the longest) first, or last for deterministic calls. Set by the binding:
+    // flash::bwd_ws_causal_head_group, deterministic ws_det_head_group (2 at head dim 256, else 1).
+    // See bwd_ws_tile_coords (sm90/flash_bwd_ws_epilogue_sm90.h).
+    int bwd_ws_head_group;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
     // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each

@@ -72,27 +72,29 @@ __forceinline__ __device__ bool bwd_ws_det_descending(BwdParams const &params) {
 }
 
 // The CTA's (key block, batch, head). Grid (key blocks, b, h), launched in linear order (x
-// fastest). Deterministic calls with a bounded right window (causal) walk each head's key blocks
-// downwards, so each head's longest CTAs (key block 0: every query block) launch last; one head
-// after the other, the last head's long CTAs then run alone at the end (a list-scheduling
-// simulation of the 8k d256 causal backward, 16 heads x 128 key blocks on 132 SMs: 7.4% over the
-// average load, ascending non-deterministic order 0.7%). Interleaving the key blocks of
-// params.bwd_ws_det_head_group heads (n-major within the group) ends on several heads' long CTAs
-// at once: 6.4% in that simulation, 2 heads as good as 16, and only the group's Q / dO live in L2
-// (measured: d256 -2%, d128 +0.8%; the binding picks 2 heads at d256 only).
-// Every CTA still waits only for CTAs launched before it (key block n + 1 of its own head).
+// fastest): with params.bwd_ws_head_group = 1, one head after the other. Calls with a bounded
+// right window (causal) interleave the key blocks of params.bwd_ws_head_group heads (n-major
+// within the group, only the group's Q / dO in L2), the longest CTAs (key block 0: every query
+// block) first (flash::bwd_ws_causal_head_group). Deterministic ones walk each head's key blocks
+// downwards, so the long CTAs launch last: one head after the other, the last head's long CTAs
+// then run alone at the end (a list-scheduling simulation of the 8k d256 causal backward, 16
+// heads x 128 key blocks on 132 SMs: 7.4% over the average load); interleaving heads ends on
+// several heads' long CTAs at once: 6.4%, 2 heads as good as 16 (measured: d256 -2%, d128 +0.8%;
+// the binding picks 2 heads at d256 only). Every deterministic CTA still waits only for CTAs
+// launched before it (key block n + 1 of its own head).
 __forceinline__ __device__ void bwd_ws_tile_coords(BwdParams const &params, int &n_block, int &bidb, int &bidh) {
-    if (!(params.deterministic && bwd_ws_det_descending(params))) {
+    const bool descending = params.deterministic && bwd_ws_det_descending(params);
+    const int group = max(params.bwd_ws_head_group, 1);
+    if (group == 1 && !descending) {
         n_block = blockIdx.x, bidb = blockIdx.y, bidh = blockIdx.z;
         return;
     }
     const int n_blocks = gridDim.x, heads = gridDim.y * gridDim.z;
-    const int group = max(params.bwd_ws_det_head_group, 1);
     const int linear = blockIdx.x + n_blocks * (blockIdx.y + gridDim.y * blockIdx.z);
     const int g = linear / (group * n_blocks);
     const int heads_in_group = min(group, heads - g * group);
     const int r = linear - g * group * n_blocks;
-    n_block = n_blocks - 1 - r / heads_in_group;
+    n_block = descending ? n_blocks - 1 - r / heads_in_group : r / heads_in_group;
     const int bh = g * group + r % heads_in_group;
     bidb = bh % gridDim.y, bidh = bh / gridDim.y;
 }
