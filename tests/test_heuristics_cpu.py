@@ -44,12 +44,14 @@ def test_deterministic_splits():
 
 
 def test_bwd_ws_causal_head_group():
-    # The group's Q, dO and fp32 dQ (8 bytes per element) within 32 MB, 1 to 16 heads.
+    # The d128 tile from 1k queries: the group's Q, dO and fp32 dQ (8 bytes per element) within
+    # 32 MB, 1 to 16 heads; elsewhere one head after the other.
     assert ext.heuristic_bwd_ws_causal_head_group(128, 2048) == 16
     assert ext.heuristic_bwd_ws_causal_head_group(128, 8192) == 4
-    assert ext.heuristic_bwd_ws_causal_head_group(256, 8192) == 2
-    assert ext.heuristic_bwd_ws_causal_head_group(256, 1 << 20) == 1
-    assert ext.heuristic_bwd_ws_causal_head_group(64, 1) == 16
+    assert ext.heuristic_bwd_ws_causal_head_group(128, 1 << 20) == 1
+    assert ext.heuristic_bwd_ws_causal_head_group(128, 512) == 1
+    assert ext.heuristic_bwd_ws_causal_head_group(256, 8192) == 1
+    assert ext.heuristic_bwd_ws_causal_head_group(64, 2048) == 1
 
 
 @pytest.mark.parametrize("tile, sq, sk, left, right, expected", [
