@@ -142,6 +142,9 @@ def kernel_sources(archs, head_dims, dtypes):
                 # / deterministic ("_mod") and dropout ("_drop") calls.
                 sources += [f"csrc/instantiations/flash_bwd_ws_sm90_hdim{d}_{dt}{variant}.cu"
                             for variant in ("", "_mod", "_drop")]
+            if sm90 and d == 128:
+                # Its d128 form on 80-row query blocks (plain calls without a window).
+                sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim128m80_{dt}.cu")
             if sm90 and d == 256:
                 # Its split-d form at head dim 256: plain and feature calls.
                 sources.append(f"csrc/instantiations/flash_bwd_ws_sm90_hdim256_{dt}.cu")

@@ -155,6 +155,21 @@ def test_flash_attn_backward_launch_order(group, dtype, d, sq, sk, causal, b, h,
         _run_case(dtype, d, sq, sk, causal, b, h, hk)
 
 
+# The plain d128 WS backward without a window runs 80-row query blocks (dQ^T swapped, one dQ
+# buffer), 64-row blocks under a mask: both forms, over odd sizes (a last block of 1-79 rows,
+# sequences shorter than a block), GQA / MQA, fp16 and bf16.
+@pytest.mark.parametrize("block_m", [64, 80])
+@pytest.mark.parametrize("dtype, d, sq, sk, causal, b, h, hk", [
+    pytest.param(torch.bfloat16, 128, 1023, 1024, False, 2, 5, 5, id="d128"),
+    pytest.param(torch.float16, 128, 77, 300, False, 3, 4, 2, id="d128-gqa-fp16"),
+    pytest.param(torch.bfloat16, 113, 161, 17, False, 2, 3, 1, id="d113-mqa"),
+    pytest.param(torch.bfloat16, 128, 1, 1, False, 1, 2, 2, id="d128-1x1"),
+])
+def test_flash_attn_backward_d128_block_m(block_m, dtype, d, sq, sk, causal, b, h, hk):
+    with debug_kernel("bwd_ws_d128_block_m", block_m):
+        _run_case(dtype, d, sq, sk, causal, b, h, hk)
+
+
 # The sm_90a forward's plain calls run the persistent warp-specialised kernel (one CTA per SM
 # walking the tiles; dynamic tile order for causal / window calls) for head-dim tiles 64 / 128 up
 # to 8k keys, one CTA per tile elsewhere. Both forms do the same per-tile math in the same order:

@@ -54,6 +54,15 @@ def test_bwd_ws_causal_head_group():
     assert ext.heuristic_bwd_ws_causal_head_group(64, 2048) == 1
 
 
+def test_bwd_ws_d128_block_m():
+    # FA3's 80-row query blocks for the d128 backward without a window; 64 rows under a causal
+    # or local mask.
+    assert ext.heuristic_bwd_ws_d128_block_m(-1, -1) == 80
+    assert ext.heuristic_bwd_ws_d128_block_m(-1, 0) == 64
+    assert ext.heuristic_bwd_ws_d128_block_m(256, 256) == 64
+    assert ext.heuristic_bwd_ws_d128_block_m(256, -1) == 64
+
+
 @pytest.mark.parametrize("tile, sq, sk, left, right, expected", [
     (64, 512, 512, -1, 0, (True, True)),        # short causal d64: persistent, 128-row tiles
     (64, 2048, 2048, -1, 0, (True, False)),     # longer causal: FA3's 192-row tiles

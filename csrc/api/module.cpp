@@ -51,6 +51,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("one_cta_per_sm"));
     m.def("heuristic_bwd_ws_causal_head_group", &flash::bwd_ws_causal_head_group,
           "Heads interleaved in the causal WS backward's launch order", py::arg("head_dim_tile"), py::arg("seqlen_q"));
+    m.def("heuristic_bwd_ws_d128_block_m", [](int64_t window_left, int64_t window_right) {
+        return flash::bwd_ws_d128_block_m(window_left < 0 ? flash::kWindowUnbounded : static_cast<int>(window_left),
+                                          window_right < 0 ? flash::kWindowUnbounded : static_cast<int>(window_right));
+    }, "Query rows per step of the plain d128 WS backward (windows: -1 unbounded)", py::arg("window_left"),
+          py::arg("window_right"));
     m.def("heuristic_deterministic_splits", &flash::deterministic_splits,
           "dq_accum slices per (b, h) of the sliced deterministic backward", py::arg("bh"), py::arg("n_blocks"),
           py::arg("sms"));

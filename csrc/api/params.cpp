@@ -30,6 +30,7 @@ struct DebugKernel {
     bool fwd_zero_fill = false;     // the per-call zeroed rng_state / tile counter of graph capture
     bool bwd_lockstep = false;      // the lock-step sm_90a backward, as for the calls the WS one declines
     int bwd_ws_head_group = 0;      // 0: the binding chooses (BwdParams::bwd_ws_head_group); n: n heads
+    int bwd_ws_d128_block_m = 0;    // 0: flash::bwd_ws_d128_block_m chooses; 64 or 80: those rows
 } g_debug;
 
 // Returns an empty string, or what is wrong with (name, value): a C++ exception leaving the
@@ -59,8 +60,13 @@ std::string set_debug_kernel(const std::string &name, int64_t value) {
         g_debug.bwd_ws_head_group = static_cast<int>(value);
         return "";
     }
+    if (name == "bwd_ws_d128_block_m") {
+        if (value != 0 && value != 64 && value != 80) return what + "value must be 0 (heuristic), 64 or 80";
+        g_debug.bwd_ws_d128_block_m = static_cast<int>(value);
+        return "";
+    }
     return what + "unknown name; known: 'fwd_ws_d64_rows', 'fwd_ws_persistent', 'fwd_tma_o_off', 'fwd_zero_fill', "
-                  "'bwd_lockstep', 'bwd_ws_head_group'";
+                  "'bwd_lockstep', 'bwd_ws_head_group', 'bwd_ws_d128_block_m'";
 }
 
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -229,6 +235,9 @@ void set_backward_switches(flash::BwdParams &params) {
                                        : 1;
     }
     if (g_debug.bwd_ws_head_group > 0) params.bwd_ws_head_group = g_debug.bwd_ws_head_group;
+    params.bwd_ws_d128_block_m = g_debug.bwd_ws_d128_block_m > 0
+                                     ? g_debug.bwd_ws_d128_block_m
+                                     : flash::bwd_ws_d128_block_m(params.window_left, params.window_right);
 }
 
 // Sliding window (left, right), -1 = unbounded, with upstream's conventions: a side at least

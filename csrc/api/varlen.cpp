@@ -252,8 +252,11 @@ static std::vector<at::Tensor> mha_varlen_bwd(at::Tensor dout, at::Tensor q, at:
                            max_seqlen_k, softmax_scale, is_causal);
             set_score_mods(params, is_causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, q, b, h);
             set_dropout_bwd(params, p_dropout, rng_state);
-            // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded.
-            const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128);
+            // The kernels index the semaphores by (bidb, bidh, 64-row block) with seqlen_q_rounded,
+            // and the preprocess visits its rows: 128 more than max_seqlen_q rounded up cover every
+            // sequence's 128 padding rows, where an 80-row query block (d128) may reach past the
+            // rounded rows (a 250-row sequence: 320 > 256) and reads softmax_d.
+            const int seqlen_q_rounded = round_up(static_cast<int>(max_seqlen_q), 128) + 128;
             at::Tensor dq_semaphore;
             const at::Tensor dq_accum = make_dq_accum(params, deterministic, {h, accum_rows, tile}, b, h, max_seqlen_k,
                                                       seqlen_q_rounded, q, dq_semaphore, /*varlen=*/true);

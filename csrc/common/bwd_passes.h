@@ -27,6 +27,15 @@ __forceinline__ __device__ unsigned lane_group_mask() {
     return kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1u) << (lane & ~(kLanes - 1));
 }
 
+// The swizzle of dq_accum's rows (BwdParams::dq_accum_swizzled): float c of row r (counted from
+// the sequence's row 0; every dQ tile starts at a multiple of 8 rows) sits at c ^
+// dq_accum_swizzle(r), which permutes the four 8-float groups of each 32-float span by bits 1-2 of
+// the row. The WS backward's tiles go to shared memory in this layout with conflict-free stores:
+// row-major float2 stores (8 rows x 8 floats a warp: rows 2 i and 2 i + 1 on one 8-bank group,
+// 2 wavefronts, the minimum for 256 bytes) and the swapped dQ^T's 4-byte stores (rows q0 + {0, 1}
+// for lanes with q0 = 2 (lane % 4), 8 head-dim columns: 32 banks, 1 wavefront).
+__host__ __device__ __forceinline__ constexpr int dq_accum_swizzle(int row) { return ((row >> 1) & 3) << 3; }
+
 // Row index of (batch bidb, head bidh, query row 0) in softmax_d and dq_accum. Dense: (b, h,
 // seqlen_q_rounded). Varlen: (h, accum_rows), sequence b at cu_seqlens_q[b] + 128 * b, so the
 // rows a 128-row (or smaller) query block rounds up to stay inside the sequence's own padding.
@@ -126,8 +135,8 @@ __global__ void __launch_bounds__(kPassThreads) flash_bwd_convert_dq_kernel(cons
         for (int s = 0; s < splits; ++s) {
             if (!(holds >> s & 1u)) continue;
             const float *slice = acc_row + int64_t(s) * params.dq_accum_split_stride;
-            // (kSwizzled: float c of the row at c ^ (8 (row % 4)); c is a multiple of 8.)
-            const int swz = kSwizzled ? (row & 3) << 3 : 0;
+            // (kSwizzled: float c of the row at c ^ dq_accum_swizzle(row); c is a multiple of 8.)
+            const int swz = kSwizzled ? dq_accum_swizzle(row) : 0;
             const float4 a = *reinterpret_cast<const float4 *>(slice + (c ^ swz));
             const float4 b = *reinterpret_cast<const float4 *>(slice + ((c + 4) ^ swz));
             vals[0] += a.x, vals[1] += a.y, vals[2] += a.z, vals[3] += a.w;

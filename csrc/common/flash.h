@@ -217,13 +217,16 @@ struct BwdParams : FwdParams {
     // flash::bwd_ws_causal_head_group, deterministic ws_det_head_group (2 at head dim 256, else 1).
     // See bwd_ws_tile_coords (sm90/flash_bwd_ws_epilogue_sm90.h).
     int bwd_ws_head_group;
+    // Query rows per step of the plain d128 WS backward: 64, or FA3's 80 (swapped dQ) on calls
+    // without a window (flash::bwd_ws_d128_block_m; 64 / 80 through set_debug_kernel, for tests).
+    int bwd_ws_d128_block_m;
 
     // Varlen: dq_accum is (h, accum_rows, head_dim_tile) and softmax_d (h, accum_rows) with
     // accum_rows = total_q + 128 * b; sequence b starts at row cu_seqlens_q[b] + 128 * b, so each
     // sequence has up to 128 rows of padding that the kernels may touch without a predicate.
     int accum_rows;
-    // dq_accum's 8-float groups are XOR-swizzled by row % 4 within each row (float c of row r at
-    // c ^ (8 (r % 4))): set by the launcher of the WS kernels whose dQ tiles are bulk-copied from
+    // dq_accum's 8-float groups are XOR-swizzled within each row (float c of row r at
+    // c ^ flash::dq_accum_swizzle(r), common/bwd_passes.h): set by the launcher of the WS kernels whose dQ tiles are bulk-copied from
     // a conflict-free shared-memory layout (d256 split-d; d64 / d128); the conversion undoes it.
     bool dq_accum_swizzled;
     // dq_accum is not zeroed by the binding (at::empty): the preprocess kernel zeroes each row it

@@ -45,6 +45,15 @@ inline int bwd_ws_causal_head_group(int head_dim_tile, int64_t seqlen_q) {
     return static_cast<int>(std::clamp<int64_t>((int64_t(32) << 20) / bytes_per_head, 1, 16));
 }
 
+// Query rows per step of the plain d128 WS backward (BwdParams::bwd_ws_d128_block_m): FA3's 80-row
+// blocks (S^T 64 keys x 80 queries per warpgroup, dQ^T = K^T dS^T swapped, one dQ buffer) on calls
+// without a window, whose cost per block (the dS barrier, the stage wait, the dQ tile) they spread
+// over 25% more MMA work; 64 where a causal or local mask makes the diagonal blocks partly wasted.
+inline int bwd_ws_d128_block_m(int window_left, int window_right) {
+    const bool windowed = window_left < kWindowUnbounded || window_right < kWindowUnbounded;
+    return windowed ? 64 : 80;
+}
+
 // Per-CTA dq_accum slices per (b, h) for the sliced deterministic backward (one CTA per SM): at
 // most 8, chosen to fill whole waves: cost = waves x key blocks per CTA.
 inline int deterministic_splits(int64_t bh, int64_t n_blocks, int64_t sms) {

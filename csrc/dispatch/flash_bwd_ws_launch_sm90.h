@@ -139,6 +139,25 @@ bool tma_geometry(BwdParams const &params, int &rows_q, int &batch_q, int64_t &l
 
 }  // namespace bwd_ws_detail
 
+// FA3's d128 tile for the plain calls without a window (flash::bwd_ws_d128_block_m): 80-row query
+// blocks, S^T / dP^T 64 keys x 80 queries per warpgroup, dQ^T = K^T dS^T swapped; Q + dO 2 x 2 x
+// 20 KB + K + V 64 KB + dS 2 x 20 KB + one 40 KB dQ tile = 225 KB. Its wgmma N = 80 needs CuTe's
+// extended shapes, whose header alone adds ~20 s to a unit's compile: the kernel has units of its
+// own (flash_bwd_ws_sm90_hdim128m80_*.cu, which define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+// before any CuTe header), and the other units see only this declaration.
+template <typename Element>
+void run_mha_bwd_ws_sm90_d128_m80(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems,
+                                  int64_t dsum_elems);
+#if defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+template <typename Element>
+void run_mha_bwd_ws_sm90_d128_m80(BwdParams &params, cudaStream_t stream, int rows_q, int batch_q, int64_t lse_elems,
+                                  int64_t dsum_elems) {
+    using Traits = BwdWsTraitsSm90<128, 2, Element, /*kMod=*/false, /*kDropout=*/false, /*kSplitD=*/false,
+                                   /*kBlockM=*/80>;
+    bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+}
+#endif
+
 // Returns false (nothing launched) for the calls this kernel does not serve; the caller then runs
 // the lock-step sm_90a backward. Served: kMod = false, the plain backward (no softcap / ALiBi /
 // dropout / deterministic: those are feature calls, kFeat); kMod = true (from the feature
@@ -174,6 +193,12 @@ bool run_mha_bwd_ws_sm90(BwdParams &params, cudaStream_t stream) {
                                        /*kBlockM=*/128>;
         bwd_ws_detail::launch<Traits>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
     } else {
+        if constexpr (kHeadDim == 128 && !kMod) {
+            if (params.bwd_ws_d128_block_m == 80) {
+                run_mha_bwd_ws_sm90_d128_m80<Element>(params, stream, rows_q, batch_q, lse_elems, dsum_elems);
+                return true;
+            }
+        }
         bwd_ws_detail::launch<BwdWsTraitsFor<Element, kHeadDim, /*kMod=*/kMod>>(params, stream, rows_q, batch_q,
                                                                             lse_elems, dsum_elems);
     }

@@ -178,8 +178,18 @@ __forceinline__ __device__ void bwd_ws_write_dq(BwdParams const &params, typenam
         cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + buf);
         if (leader) {
             if (det) { bwd_ws_dq_wait_turn<kBlockM, Traits::kBlockN, /*kSleepNs=*/64>(order, m_block); }
+            // Dense dq_accum has seqlen_q_rounded (a multiple of 128) rows per head: a block
+            // height that does not divide 128 (80) adds only the tile's rows below it (the rest
+            // are rows past the sequence, zeros). Varlen: within the sequence's 128 rows of padding.
+            uint32_t bytes = Traits::kdQTileBytes;
+            if constexpr (128 % kBlockM != 0) {
+                if (binfo.sum_s_q == -1) {
+                    const int rows = min(kBlockM, params.seqlen_q_rounded - m_block * kBlockM);
+                    bytes = static_cast<uint32_t>(rows) * kHeadDim * sizeof(float);
+                }
+            }
             Sm90BulkReduceAddF32::copy(ss.smem_dq.data() + buf * (kBlockM * kHeadDim),
-                                       dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim, Traits::kdQTileBytes);
+                                       dq_accum_ptr + int64_t(m_block) * kBlockM * kHeadDim, bytes);
             cute::tma_store_arrive();
             if (det) {
                 bwd_ws_dq_pass_turn(order, m_block);
@@ -212,7 +222,7 @@ __forceinline__ __device__ float *bwd_ws_dq_hi_stages(typename Traits::SharedSto
 // ---- split-d dQ writer: warp 1 of the producer warpgroup -----------------------------------------
 // Head dim 256 has no room for a dQ buffer (two stages of Q / dO, K, V, P^T / dS^T: 224 KB). So a
 // query block's Q / dO stage, once every GEMM that reads it has completed, holds its fp32 dQ tile
-// (rows 0-31 over Q, 32-63 over dO, 32 KB each (a V head dim of its own: over smem_dq_hi), 8-float groups XOR-swizzled by row % 4 so that
+// (rows 0-31 over Q, 32-63 over dO, 32 KB each (a V head dim of its own: over smem_dq_hi), 8-float groups XOR-swizzled (dq_accum_swizzle) so that
 // the consumers' stores are conflict-free; the conversion undoes it:
 // BwdParams::dq_accum_swizzled), and this warp adds it into dq_accum with two bulk reduces and
 // hands the stage back to the producer once they have read it (the consumers do not release it).
@@ -257,11 +267,43 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
     cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0));
 }
 
+// ---- consumers, Traits::kdQSwapped: the dQ^T accumulator (d, kBlockM) into a shared buffer ------
+// The same row-major swizzled fp32 tile as bwd_ws_dq_to_smem, from the transposed accumulator: a
+// thread holds head-dim rows d0 + {0, 8} and query columns q0 + 8 k + {0, 1} (q0 = 2 (lane % 4)),
+// i.e. tile rows q and columns d, one 4-byte store each. Every q of the thread has the swizzle
+// dq_accum_swizzle(q0) (bits 1-2 of q0 + 8 k + j are those of q0), and (d0 + dd) ^ swz =
+// (d0 ^ swz) ^ dd (bit 3 of d0 is 0): two pointers, one per dd in {0, 8}, and compile-time row
+// offsets from them; conflict-free (see dq_accum_swizzle).
+template <typename Traits, typename ThrMmadQ, typename TensordQ>
+__forceinline__ __device__ void bwd_ws_dq_t_to_smem(typename Traits::SharedStorage &ss, ThrMmadQ const &thr_mma_dq,
+                                                    TensordQ const &dq, int block_idx) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kHeadDim = Traits::kHeadDim;
+    const uint32_t dq_buf = block_idx % Traits::kdQBuffers;
+    Tensor cdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kHeadDim>, Int<kBlockM>>{}));  // (d, q)
+    const int d0 = get<0>(cdQ(0)), q0 = get<1>(cdQ(0));
+    const int swz = dq_accum_swizzle(q0);
+    float *base = ss.smem_dq.data() + static_cast<int>(dq_buf) * (kBlockM * kHeadDim) + q0 * kHeadDim;
+    float *col_ptr[2] = {base + (d0 ^ swz), base + ((d0 ^ swz) ^ 8)};
+    if (block_idx >= Traits::kdQBuffers) {
+        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
+                                          static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < size(dq); ++i) {
+        const int dd = get<0>(cdQ(i)) - d0, dq_row = get<1>(cdQ(i)) - q0;  // compile-time once unrolled
+        col_ptr[(dd >> 3) & 1][dq_row * kHeadDim + (dd & ~8)] = dq(i);
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
+    cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
+                                        static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+}
+
 // ---- consumers: query block dq_block's dQ tile (registers, complete) into a shared buffer ------
 // For the writer warp's bulk reduce into dq_accum (not split-d). block_idx: dq_block - m_block_min.
 // The store addresses are ready before the wait for the buffer, and only the 16 stores follow it:
 // in the deterministic mode the consumers do wait there, for the writer's ordered reduce-adds
-// (each after the previous key block's has completed). Formed per element (c ^ (8 (r % 4)) of
+// (each after the previous key block's has completed). Formed per element (the swizzle of
 // each element's row and column), ptxas put ~55 address instructions behind that wait in the
 // d128 score-modifier / deterministic kernel (27 at 4c914a8, 5 now).
 template <typename Traits, typename ThrMmadQ, typename TensordQ>
@@ -277,20 +319,24 @@ __forceinline__ __device__ void bwd_ws_dq_to_smem(typename Traits::SharedStorage
     // (a multiple of 128): plain, all 8 rows hit the same 8 banks (8-way conflicts, 22% of
     // the kernel's shared-memory wavefronts in ncu). Swizzled (every warp-specialised kernel:
     // the launcher sets params.dq_accum_swizzled, which the conversion reads), float c of row r
-    // sits at c ^ (8 (r % 4)), and rows r0 .. r0 + 3 land on the four 8-bank groups: 2
-    // wavefronts per store, the minimum for 256 bytes.
+    // sits at c ^ dq_accum_swizzle(r), and rows r0 .. r0 + 7 land two by two on the four
+    // 8-bank groups: 2 wavefronts per store, the minimum for 256 bytes.
     // A thread's elements (wgmma accumulator layout) are rows r0 + 8 a and column pairs
     // c0 + 8 j + {0, 1}, with c0 % 32 < 8 (a warpgroup's dQ columns start at a multiple of 32):
-    // one r % 4 for all of them, and the swizzle only permutes the four 8-float groups of each
+    // one swizzle for all of them, and it only permutes the four 8-float groups of each
     // 32-float span. So four pointers, one per group k of the span, and compile-time offsets from
     // them: group k at float (tile0 + 8 k) ^ swz = tile0_swz ^ 8 k (bits 3-4 of tile0 are 0: the
     // buffer and row offsets are multiples of 128 floats). All four come from one value: four
     // pointers computed apart and held through the loop cost the d128 plain and dropout kernels
     // in-loop spills.
     static_assert((kHeadDim / Traits::kdQWgN) % 32 == 0, "a warpgroup's dQ columns start at a multiple of 32");
+    if constexpr (Traits::kdQSwapped) {
+        bwd_ws_dq_t_to_smem<Traits>(ss, thr_mma_dq, dq, block_idx);
+        return;
+    }
     Tensor cdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     const int r0 = get<0>(cdQ(0)), c0 = get<1>(cdQ(0));
-    const int tile0_swz = static_cast<int>(dq_buf) * (kBlockM * kHeadDim) + ((r0 * kHeadDim + c0) ^ ((r0 & 3) << 3));
+    const int tile0_swz = static_cast<int>(dq_buf) * (kBlockM * kHeadDim) + ((r0 * kHeadDim + c0) ^ dq_accum_swizzle(r0));
     float *group_ptr[4];
     CUTE_UNROLL
     for (int k = 0; k < 4; ++k) { group_ptr[k] = ss.smem_dq.data() + (tile0_swz ^ (8 * k)); }
@@ -323,11 +369,11 @@ __forceinline__ __device__ void bwd_ws_dq_to_stage(typename Traits::SharedStorag
     float *half1 = bwd_ws_dq_hi_stages<Traits>(ss) + stage * (kBlockM / 2 * kHeadDim);
     // A thread's rows are r0 and r0 + 8 (wgmma accumulators: warp w of a warpgroup holds
     // rows 16 w .. 16 w + 15), so one half and one swizzle: the 8-float groups of a row
-    // are XOR-permuted by (row % 4) (float index c -> c ^ (8 (row % 4))), which spreads a
+    // are XOR-permuted (float index c -> c ^ dq_accum_swizzle(row)), which spreads a
     // warp's 8 rows x 8 floats over all 32 banks twice (2 wavefronts, the minimum).
     Tensor coords_dq = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     const int r0 = get<0>(coords_dq(0));
-    const int swz = (r0 & 3) << 3;
+    const int swz = dq_accum_swizzle(r0);  // also r0 + 8's, and (r0 - 32)'s in the upper half
     float *row_base = (r0 < kBlockM / 2 ? half0 : half1) + (r0 % (kBlockM / 2)) * kHeadDim;
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dq); i += 2) {  // elements (i, i+1) are adjacent columns

@@ -135,8 +135,22 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
     Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);
     typename Traits::TiledMmadQ tiled_mma_dq;
     auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
-    Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_K, buffer)
-    Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);
+    // dQ = dS K: A = dS (MMA, MMA_M, MMA_K, buffer), B = K^T; swapped, dQ^T = K^T dS^T: A = K^T,
+    // B = dS (MMA, MMA_N, MMA_K, buffer).
+    Tensor tdQrdS = [&]() {
+        if constexpr (Traits::kdQSwapped) {
+            return thr_mma_dq.partition_fragment_B(sdS);
+        } else {
+            return thr_mma_dq.partition_fragment_A(sdS);
+        }
+    }();
+    Tensor tdQrKt = [&]() {
+        if constexpr (Traits::kdQSwapped) {
+            return thr_mma_dq.partition_fragment_A(sKt);
+        } else {
+            return thr_mma_dq.partition_fragment_B(sKt);
+        }
+    }();
     Tensor tdSsdSt = thr_mma_sdp.partition_C(sdSt);  // where this thread's dS^T elements go (.., buffer)
     // kSplitD: P^T through shared memory too; dV / dK read both from there (SS).
     auto [tPsPt, tdVrPt, tdKrdSt] = [&]() {
@@ -213,8 +227,12 @@ __forceinline__ __device__ void bwd_ws_consume(BwdParams const &params, typename
                                                      tdVrdOt(_, _, _, stage), acc_dv);
             wgmma</*kZeroInit=*/false, /*kWait=*/-1>(tiled_mma_dkv, tdKrdSt(_, _, _, ds_buf), tdKrQt(_, _, _, stage), acc_dk);
         }
-        Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        bwd_ws_dq_gemm<Traits>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq, drop, m_block, m_block_max);
+        Tensor acc_dq = partition_fragment_C(tiled_mma_dq, typename Traits::ShapedQAcc{});
+        if constexpr (Traits::kdQSwapped) {
+            bwd_ws_dq_gemm<Traits>(tiled_mma_dq, tdQrKt, tdQrdS(_, _, _, ds_buf), acc_dq, drop, m_block, m_block_max);
+        } else {
+            bwd_ws_dq_gemm<Traits>(tiled_mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, acc_dq, drop, m_block, m_block_max);
+        }
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
         if constexpr (Traits::kSplitD) {

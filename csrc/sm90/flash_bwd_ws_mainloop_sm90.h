@@ -396,7 +396,9 @@ __forceinline__ __device__ void bwd_ws_ds_p_to_smem(typename Traits::TiledMmaSdP
         // an MN-major dS). An element-wise copy compiles to 16 generic 4-byte ST per thread at
         // d128 (ncu: lg_throttle, and the fence / barrier behind them waiting on the long
         // scoreboard).
-        auto r2s_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_sdp);
+        // (kdQSwapped: dS keys-contiguous, the transposing stmatrix, as FA3's swapped S / dP.)
+        using StsmAtom = std::conditional_t<Traits::kdQSwapped, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>;
+        auto r2s_copy_ds = make_tiled_copy_C(Copy_Atom<StsmAtom, Element>{}, tiled_mma_sdp);
         auto r2s_thr_copy_ds = r2s_copy_ds.get_thread_slice(tidx);
         Tensor tdSsdSt_stsm = r2s_thr_copy_ds.partition_D(sdSt);  // (CPY, CPY_N, CPY_M, buffer)
         cute::copy(r2s_copy_ds, r2s_thr_copy_ds.retile_S(rdS), tdSsdSt_stsm(_, _, _, ds_buf));
@@ -418,21 +420,21 @@ __forceinline__ __device__ void bwd_ws_ds_p_to_smem(typename Traits::TiledMmaSdP
 }
 
 // ---- consumers, one query block: dQ = dS K over the whole key block -----------------------------
-// Waited for before it returns. kDropout: block m + 2's flags while dV, dK and dQ run (see
-// BwdWsDropFlags).
-template <typename Traits, typename TensordS, typename TensorKt, typename TensorAcc>
-__forceinline__ __device__ void bwd_ws_dq_gemm(typename Traits::TiledMmadQ &tiled_mma_dq, TensordS const &tdQrdS,
-                                               TensorKt const &tdQrKt, TensorAcc &acc_dq,
+// (Traits::kdQSwapped: dQ^T = K^T dS^T.) A / B: the GEMM's operands in wgmma order. Waited for
+// before it returns. kDropout: block m + 2's flags while dV, dK and dQ run (see BwdWsDropFlags).
+template <typename Traits, typename TensorA, typename TensorB, typename TensorAcc>
+__forceinline__ __device__ void bwd_ws_dq_gemm(typename Traits::TiledMmadQ &tiled_mma_dq, TensorA const &tdQrA,
+                                               TensorB const &tdQrB, TensorAcc &acc_dq,
                                                BwdWsDropFlags<Traits> const &drop, int m_block, int m_block_max) {
     if constexpr (Traits::kDropout) {
-        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrdS, tdQrKt, acc_dq);
+        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(tiled_mma_dq, tdQrA, tdQrB, acc_dq);
         if constexpr (!Traits::kSplitD) {
             if (m_block + 2 < m_block_max) { drop.make(m_block + 2); }
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc_dq);
     } else {
-        wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrdS, tdQrKt, acc_dq);
+        wgmma</*kZeroInit=*/true, /*kWait=*/0>(tiled_mma_dq, tdQrA, tdQrB, acc_dq);
     }
 }
 

@@ -24,7 +24,7 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
     using Base::kBlockM;
     using Base::kBlockN;
     using Base::kHeadDim;
-    static_assert(kBlockM == 64 || kBlockM == 128);
+    static_assert(kBlockM == 64 || kBlockM == 80 || kBlockM == 128);
     static_assert(kBlockN == 64 || kBlockN == 128);
     static constexpr int kNWarpgroups = kBlockN / 64;
     static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
@@ -40,13 +40,28 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
                              GMMA::Major::MN>(),
         AtomLayoutKV{}));
     // dQ = dS K: (kBlockM, d). With fewer 64-row query slabs than warpgroups, the warpgroups
-    // split the head dim instead.
-    static constexpr int kdQWgM = kBlockM / 64 < kNWarpgroups ? kBlockM / 64 : kNWarpgroups;
+    // split the head dim instead. kdQSwapped (kBlockM not a multiple of 64: FA3's 80-row d128
+    // blocks, whose wgmma M cannot be the queries): dQ^T = K^T dS^T, (d, kBlockM), warpgroup w on
+    // head-dim rows [64 w, 64 w + 64), A = K^T (MN-major), B = dS (kBlockM, kBlockN) K-major.
+    static constexpr bool kdQSwapped = kBlockM % 64 != 0;
+    static_assert(!kdQSwapped || kHeadDim == 64 * kNWarpgroups, "swapped dQ: one 64-row head-dim slab per warpgroup");
+    static constexpr int kdQWgM = kdQSwapped ? 1 : (kBlockM / 64 < kNWarpgroups ? kBlockM / 64 : kNWarpgroups);
     static constexpr int kdQWgN = kNWarpgroups / kdQWgM;
-    using TiledMmadQ = decltype(make_tiled_mma(
-        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kdQWgN>, Int<kBlockN>>,
-                             GMMA::Major::MN, GMMA::Major::MN>(),
-        Layout<Shape<Int<kdQWgM>, Int<kdQWgN>, _1>>{}));
+    using TiledMmadQ = std::conditional_t<
+        kdQSwapped,
+        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kBlockN>>,
+                                                     GMMA::Major::MN, GMMA::Major::K>(),
+                                Layout<Shape<Int<kNWarpgroups>, _1, _1>>{})),
+        decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / kdQWgN>, Int<kBlockN>>,
+                                                     GMMA::Major::MN, GMMA::Major::MN>(),
+                                Layout<Shape<Int<kdQWgM>, Int<kdQWgN>, _1>>{}))>;
+    // N = 80 needs CuTe's extended wgmma shapes (setup.py defines CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED);
+    // without them the selectors fall back to N = 16 atoms, five times the instructions.
+    static_assert(size<1>(typename TiledMmaSdP::AtomShape_MNK{}) == kBlockM, "S^T / dP^T: one wgmma across the queries");
+    static_assert(!kdQSwapped || size<1>(typename TiledMmadQ::AtomShape_MNK{}) == kBlockM,
+                  "dQ^T: one wgmma across the queries");
+    // The dQ accumulator's shape: (kBlockM, d), or (d, kBlockM) swapped.
+    using ShapedQAcc = std::conditional_t<kdQSwapped, Shape<Int<kHeadDim>, Int<kBlockM>>, Shape<Int<kBlockM>, Int<kHeadDim>>>;
 
     using SmemLayoutQdO = decltype(tile_to_shape(GmmaSmemAtomK<Element, kHeadDim>{},
                                                  Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
@@ -57,7 +72,9 @@ struct BwdKernelTraitsSm90 : KernelTraitsBase<kHeadDim_, kBlockM_, kBlockN_, kBl
     using SmemLayoutKt = decltype(composition(
         SmemLayoutKV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
     // dS (m, n), m contiguous: the MN-major A operand of dQ = dS K. Written through the (n, m) view.
-    using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    // (kdQSwapped: n contiguous, the K-major B operand of dQ^T = K^T dS^T.)
+    using SmemAtomdS = std::conditional_t<kdQSwapped, GmmaSmemAtomK<Element, kBlockN>, GMMA::Layout_MN_SW128_Atom<Element>>;
+    using SmemLayoutdS = decltype(tile_to_shape(SmemAtomdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
     using SmemLayoutdSt = decltype(composition(
         SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Step<_2, _1>{})));
     // dK / dV leave through FA2-style swizzled tiles and 16-byte global stores.
@@ -112,8 +129,11 @@ struct BwdKernelTraitsSm90SplitD : KernelTraitsBase<kHeadDim_, 64, 64, 8, Elemen
                              GMMA::Major::MN>(),
         Layout<Shape<_1, _2, _1>>{}));
     // dQ = dS K: (kBlockM, d), split along d the same way.
+    static constexpr bool kdQSwapped = false;
     static constexpr int kdQWgM = 1;
     static constexpr int kdQWgN = 2;
+    using ShapedQAcc = Shape<Int<kBlockM>, Int<kHeadDim>>;
+    using SmemAtomdS = GMMA::Layout_MN_SW128_Atom<Element>;  // P^T / dS^T (BwdWsTraitsSm90)
     using TiledMmadQ = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim / 2>, Int<kBlockN>>, GMMA::Major::MN,
                              GMMA::Major::MN>(),

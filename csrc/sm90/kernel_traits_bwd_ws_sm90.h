@@ -183,7 +183,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     // dS (m, n, buffer), two buffers: a warpgroup writes block i + 1's dS^T while the other may
     // still run block i's dQ = dS K, so one barrier per query block suffices (see the kernel).
     static constexpr int kdSBuffers = 2;
-    using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+    using SmemLayoutdS = decltype(tile_to_shape(typename Base::SmemAtomdS{},
                                                 Shape<Int<kBlockM>, Int<kBlockN>, Int<kdSBuffers>>{}));
     using SmemLayoutdSt = decltype(composition(
         SmemLayoutdS{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kdSBuffers>>{}, Step<_2, _1, _3>{})));
@@ -226,7 +226,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
 
     // dQ tiles (not split-d): (kBlockM, d, buffer) fp32, row-major, byte for byte the dq_accum rows
     // they are added to (one contiguous 1-D bulk reduce per tile); with params.dq_accum_swizzled
-    // (always, for the d64 / d128 kernels) float c of row r sits at c ^ (8 (r % 4)) in
+    // (always, for the d64 / d128 kernels) float c of row r sits at c ^ dq_accum_swizzle(r) in
     // both, which makes the consumers' float2 stores conflict-free (see bwd_ws_dq_to_smem) and which
     // the dQ conversion undoes. Double-buffered where that fits (kdQBuffers): the consumers
     // fill one while the writer's reduce still reads the other.
@@ -272,7 +272,7 @@ struct BwdWsTraitsSm90 : std::conditional_t<kSplitD_, BwdKernelTraitsSm90SplitD<
     // kSplitD: P^T beside dS^T (same layout; two buffers, one with dropout, whose two
     // 4 KB flag buffers would not fit next to a second one: 224 KB + 8 KB > 227 KB).
     static constexpr int kPBuffers = kDropout ? 1 : 2;
-    using SmemLayoutP = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+    using SmemLayoutP = decltype(tile_to_shape(typename Base::SmemAtomdS{},
                                                Shape<Int<kBlockM>, Int<kBlockN>, Int<kPBuffers>>{}));
     using SmemLayoutPt = decltype(composition(
         SmemLayoutP{}, make_ordered_layout(Shape<Int<kBlockN>, Int<kBlockM>, Int<kPBuffers>>{}, Step<_2, _1, _3>{})));
