@@ -2,11 +2,12 @@
 // and / or ALiBi and the deterministic dQ, and (Traits::kDropout) dropout, with ALiBi or not. The
 // default for the calls it serves; the lock-step kernel takes the others.
 //
-// One CTA per (128-key block, batch, query head), walking the 64-row query blocks that can see its
-// keys, as the lock-step kernel; what changes is who loads what and how the warps wait:
+// One CTA per (128-key block, batch, query head), walking the query blocks (Traits::kBlockM rows:
+// 64; d64 128; d128 without a window 80) that can see its keys, as the lock-step kernel; what
+// changes is who loads what and how the warps wait:
 //
-//   producer warpgroup (one thread): per query block, TMA loads of Q, dO (64 x d tiles) and of the
-//       LSE and softmax_d rows (64 floats each, 1-D boxes) into stage s of a kStages-deep ring,
+//   producer warpgroup (one thread): per query block, TMA loads of Q, dO (kBlockM x d tiles) and of
+//       the LSE and softmax_d rows (kBlockM floats each, 1-D boxes) into stage s of a kStages-deep ring,
 //       all on stage s's full barrier (PipelineTmaAsync); it runs ahead until the ring is full.
 //   consumer warpgroups 1, 2 (keys [0, 64) and [64, 128) of the block; kSplitD, head dim 256: the
 //       same 64 keys, head-dim halves of dK / dV / dQ, see BwdKernelTraitsSm90SplitD): K and V
