@@ -267,6 +267,24 @@ __forceinline__ __device__ void bwd_ws_write_dq_split_d(BwdParams const &params,
     cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads, static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0));
 }
 
+// ---- consumers: the hand-off of a dQ buffer to the writer warp (not split-d) ---------------------
+// Block block_idx (from m_block_min) fills buffer dq_buf once the writer has read the tile it held
+// kdQBuffers blocks before; then the writes are fenced for the bulk copy (async proxy) and the
+// buffer marked full.
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_dq_buffer_wait(int block_idx, uint32_t dq_buf) {
+    if (block_idx >= Traits::kdQBuffers) {
+        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
+                                          static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
+    }
+}
+template <typename Traits>
+__forceinline__ __device__ void bwd_ws_dq_buffer_full(uint32_t dq_buf) {
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
+    cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
+                                        static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+}
+
 // ---- consumers, Traits::kdQSwapped: the dQ^T accumulator (d, kBlockM) into a shared buffer ------
 // The same row-major swizzled fp32 tile as bwd_ws_dq_to_smem, from the transposed accumulator: a
 // thread holds head-dim rows d0 + {0, 8} and query columns q0 + 8 k + {0, 1} (q0 = 2 (lane % 4)),
@@ -285,18 +303,13 @@ __forceinline__ __device__ void bwd_ws_dq_t_to_smem(typename Traits::SharedStora
     const int swz = dq_accum_swizzle(q0);
     float *base = ss.smem_dq.data() + static_cast<int>(dq_buf) * (kBlockM * kHeadDim) + q0 * kHeadDim;
     float *col_ptr[2] = {base + (d0 ^ swz), base + ((d0 ^ swz) ^ 8)};
-    if (block_idx >= Traits::kdQBuffers) {
-        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
-                                          static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
-    }
+    bwd_ws_dq_buffer_wait<Traits>(block_idx, dq_buf);
     CUTE_UNROLL
     for (int i = 0; i < size(dq); ++i) {
         const int dd = get<0>(cdQ(i)) - d0, dq_row = get<1>(cdQ(i)) - q0;  // compile-time once unrolled
         col_ptr[(dd >> 3) & 1][dq_row * kHeadDim + (dd & ~8)] = dq(i);
     }
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
-    cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
-                                        static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+    bwd_ws_dq_buffer_full<Traits>(dq_buf);
 }
 
 // ---- consumers: query block dq_block's dQ tile (registers, complete) into a shared buffer ------
@@ -309,6 +322,10 @@ __forceinline__ __device__ void bwd_ws_dq_t_to_smem(typename Traits::SharedStora
 template <typename Traits, typename ThrMmadQ, typename TensordQ>
 __forceinline__ __device__ void bwd_ws_dq_to_smem(typename Traits::SharedStorage &ss, ThrMmadQ const &thr_mma_dq,
                                                   TensordQ const &dq, int block_idx) {
+    if constexpr (Traits::kdQSwapped) {
+        bwd_ws_dq_t_to_smem<Traits>(ss, thr_mma_dq, dq, block_idx);
+        return;
+    }
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kHeadDim = Traits::kHeadDim;
     // dQ tile -> shared buffer (block parity), for the writer warp's bulk reduce. The
@@ -330,20 +347,13 @@ __forceinline__ __device__ void bwd_ws_dq_to_smem(typename Traits::SharedStorage
     // pointers computed apart and held through the loop cost the d128 plain and dropout kernels
     // in-loop spills.
     static_assert((kHeadDim / Traits::kdQWgN) % 32 == 0, "a warpgroup's dQ columns start at a multiple of 32");
-    if constexpr (Traits::kdQSwapped) {
-        bwd_ws_dq_t_to_smem<Traits>(ss, thr_mma_dq, dq, block_idx);
-        return;
-    }
     Tensor cdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     const int r0 = get<0>(cdQ(0)), c0 = get<1>(cdQ(0));
     const int tile0_swz = static_cast<int>(dq_buf) * (kBlockM * kHeadDim) + ((r0 * kHeadDim + c0) ^ dq_accum_swizzle(r0));
     float *group_ptr[4];
     CUTE_UNROLL
     for (int k = 0; k < 4; ++k) { group_ptr[k] = ss.smem_dq.data() + (tile0_swz ^ (8 * k)); }
-    if (block_idx >= Traits::kdQBuffers) {
-        cutlass::arch::NamedBarrier::sync(Traits::kNdQSyncThreads,
-                                          static_cast<uint32_t>(BwdWsBarrier::kdQEmpty0) + dq_buf);
-    }
+    bwd_ws_dq_buffer_wait<Traits>(block_idx, dq_buf);
     CUTE_UNROLL
     for (int i = 0; i < size(dq); i += 2) {  // elements (i, i+1) are adjacent columns
         // Offsets from element 0: compile-time constants once unrolled.
@@ -351,9 +361,7 @@ __forceinline__ __device__ void bwd_ws_dq_to_smem(typename Traits::SharedStorage
         const int k = (dc / 8) % 4;
         *reinterpret_cast<float2 *>(group_ptr[k] + dr * kHeadDim + (dc - 8 * k)) = make_float2(dq(i), dq(i + 1));
     }
-    cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the bulk copy reads
-    cutlass::arch::NamedBarrier::arrive(Traits::kNdQSyncThreads,
-                                        static_cast<uint32_t>(BwdWsBarrier::kdQFull0) + dq_buf);
+    bwd_ws_dq_buffer_full<Traits>(dq_buf);
 }
 
 // ---- consumers, split-d: the dQ tile into this block's Q / dO stage -----------------------------
